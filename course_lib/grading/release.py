@@ -1,0 +1,55 @@
+"""Release: regenerate the student notebooks in ``notebooks/`` from ``solutions/``.
+
+The solution notebook is the only source of a chapter. Releasing first makes its cell 0 the
+install cell of ``notebook.install_cell_source`` (so the repository URL lives in ``_config.yml``
+alone), then runs nbgrader's ``generate_assignment``, which strips solutions and hidden tests,
+clears outputs and records checksums for autograding.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import nbformat
+
+from . import config, nbgrader_cli, notebook
+
+
+def sync_install_cell(chapter: str) -> bool:
+    """Make cell 0 of the solution the current install cell; True if the file changed."""
+    path = config.solution_path(chapter)
+    nb = notebook.read(path)
+    want = notebook.install_cell_source()
+    first = nb.cells[0] if nb.cells else None
+    if first is not None and first.cell_type == "code" and first.source == want:
+        return False
+    cell = nbformat.v4.new_code_cell(want)
+    cell.pop("id", None)
+    if first is not None and first.cell_type == "code" and "import importlib.util" in first.source:
+        nb.cells[0].source = want
+    else:
+        nb.cells.insert(0, cell)
+    nbformat.write(nb, str(path))
+    return True
+
+
+def generate(chapter: str, release_dir: Path, grading_dir: Path | None = None) -> Path:
+    """Student version of ``chapter`` written under ``release_dir/chapter/``; returns the file."""
+    nbgrader_cli.run(
+        "generate_assignment", chapter, "--force", "--create",
+        grading_dir=grading_dir, release_dir=release_dir,
+    )
+    return Path(release_dir) / chapter / f"{chapter}.ipynb"
+
+
+def release(chapter: str) -> Path:
+    """Regenerate ``notebooks/<chapter>/`` from the solution, replacing what was there."""
+    sync_install_cell(chapter)
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(chapter, Path(tmp), grading_dir=Path(tmp) / "grading")
+        target = config.root() / "notebooks" / chapter
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(Path(tmp) / chapter, target)
+    return config.student_path(chapter)

@@ -1,0 +1,75 @@
+"""nbgrader end to end, through the make target an instructor uses, in a temporary course folder.
+
+Three students: one hands in the untouched notebook, one the right answers, one the right answers
+but for a single plausible wrong one (the first mutant of the chapter's catalogue).
+"""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from course_lib.grading import config, notebook
+from tests.conftest import CHAPTERS, ROOT
+from tests.helpers import answered, mutants, write
+
+CHAPTER = CHAPTERS[0]
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    grading = tmp_path_factory.mktemp("course") / "grading"
+    target = f"{CHAPTER}/{CHAPTER}.ipynb"
+    shutil.copytree(config.student_path(CHAPTER).parent, grading / "submitted" / "untouched" / CHAPTER)
+    write(answered(CHAPTER), grading / "submitted" / "perfect" / target)
+    mutant = mutants(CHAPTER)[0]
+    write(answered(CHAPTER, mutant=mutant), grading / "submitted" / "one_wrong" / target)
+    proc = subprocess.run(
+        ["make", "-o", ".venv/.installed", "grade", f"CHAPTER={CHAPTER}", f"GRADING={grading}",
+         f"PY={sys.executable}"],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with (grading / "grades.csv").open() as f:
+        rows = {row["student"]: row for row in csv.DictReader(f)}
+    return grading, rows, mutant
+
+
+def _points() -> dict[str, float]:
+    nb = notebook.read(config.solution_path(CHAPTER))
+    return {ex.name: ex.points for ex in notebook.exercises(nb)}
+
+
+def test_untouched_notebook_scores_zero(graded):
+    _, rows, _ = graded
+    assert float(rows["untouched"]["autograded"]) == 0
+    assert all(float(rows["untouched"][name]) == 0 for name in _points())
+
+
+def test_solution_scores_full_marks(graded):
+    _, rows, _ = graded
+    points = _points()
+    assert float(rows["perfect"]["autograded"]) == sum(points.values())
+    assert float(rows["perfect"]["autograded_max"]) == sum(points.values())
+    assert all(float(rows["perfect"][name]) == p for name, p in points.items())
+
+
+def test_one_wrong_answer_loses_exactly_that_exercise(graded):
+    _, rows, mutant = graded
+    points = _points()
+    wrong = mutant["grade_id"]
+    assert float(rows["one_wrong"][wrong]) == 0
+    assert all(float(rows["one_wrong"][n]) == p for n, p in points.items() if n != wrong)
+    assert float(rows["one_wrong"]["autograded"]) == sum(points.values()) - points[wrong]
+
+
+def test_feedback_is_written_for_every_student(graded):
+    grading, rows, _ = graded
+    for student in rows:
+        assert (grading / "feedback" / student / CHAPTER / f"{CHAPTER}.html").is_file()

@@ -1,0 +1,43 @@
+"""Make submissions for tests: a student notebook with some exercises answered."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import yaml
+
+from course_lib.grading import config, notebook
+from tests.conftest import ROOT
+
+
+def mutants(chapter: str) -> list[dict]:
+    """The chapter's catalogue of plausible wrong answers, tests/mutants/<chapter>.yaml."""
+    return yaml.safe_load((ROOT / "tests" / "mutants" / f"{chapter}.yaml").read_text())
+
+
+def apply_mutant(source: str, mutant: dict) -> str:
+    assert mutant["find"] in source, f"mutant {mutant} does not apply"
+    return source.replace(mutant["find"], mutant["replace"], 1)
+
+
+def answered(chapter: str, answer: set[str] | None = None, mutant: dict | None = None):
+    """The student notebook with the solution pasted into each exercise in ``answer`` (all if
+    None); ``mutant`` then changes one of them into a plausible wrong answer."""
+    student = notebook.read(config.student_path(chapter))
+    solution = notebook.read(config.solution_path(chapter))
+    sol_cells = {notebook.nbgrader_meta(c).get("grade_id"): c.source for c in solution.cells}
+    for cell in student.cells:
+        gid = notebook.nbgrader_meta(cell).get("grade_id")
+        if cell.cell_type == "code" and notebook.nbgrader_meta(cell).get("solution"):
+            if answer is None or gid in answer:
+                cell.source = sol_cells[gid]
+            if mutant is not None and gid == mutant["grade_id"]:
+                cell.source = apply_mutant(sol_cells[gid], mutant)
+    return student
+
+
+def write(nb: nbformat.NotebookNode, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(path))
+    return path

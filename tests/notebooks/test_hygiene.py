@@ -1,0 +1,109 @@
+"""Committed notebooks: valid, clean, following the chapter template, student versions in sync."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import nbformat
+import pytest
+
+from course_lib.grading import config, notebook, release
+from tests.conftest import CHAPTERS, ROOT
+
+ALL_NOTEBOOKS = [config.solution_path(c) for c in CHAPTERS] + [config.student_path(c) for c in CHAPTERS]
+LEAK_MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "BEGIN MARK SCHEME")
+
+
+def test_there_is_at_least_one_chapter_and_it_is_in_the_toc():
+    assert CHAPTERS, "no chapter under solutions/"
+    toc = (ROOT / "_toc.yml").read_text()
+    for chapter in CHAPTERS:
+        assert f"notebooks/{chapter}/{chapter}" in toc
+        assert config.student_path(chapter).is_file(), f"{chapter}: run `make release`"
+
+
+@pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_notebook_is_valid_clean_nbformat4_with_python3_kernel(path):
+    nb = nbformat.read(str(path), as_version=nbformat.NO_CONVERT)
+    assert nb.nbformat == 4
+    nbformat.validate(nb)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            assert cell.outputs == [], f"cell {i} has committed outputs"
+            assert cell.execution_count is None, f"cell {i} has an execution count"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_student_notebook_has_no_answers(chapter):
+    text = config.student_path(chapter).read_text(encoding="utf-8")
+    for marker in LEAK_MARKERS:
+        assert marker not in text
+
+
+@pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_first_cell_is_the_install_cell_from_config(path):
+    nb = notebook.read(path)
+    assert nb.cells[0].cell_type == "code"
+    assert nb.cells[0].source == notebook.install_cell_source()
+    url, branch = config.repository()
+    assert f"git+{url}@{branch}" in nb.cells[0].source
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_committed_student_notebook_equals_a_fresh_release(chapter, tmp_path):
+    fresh = release.generate(chapter, tmp_path / "release", grading_dir=tmp_path / "grading")
+    committed = json.loads(config.student_path(chapter).read_text(encoding="utf-8"))
+    assert json.loads(fresh.read_text(encoding="utf-8")) == committed, (
+        f"notebooks/{chapter} is out of sync with solutions/{chapter}: run `make release`"
+    )
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_follows_the_template(chapter):
+    nb = notebook.read(config.solution_path(chapter))
+    markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert nb.cells[1].cell_type == "markdown" and nb.cells[1].source.startswith("# ")
+    assert "Learning goals" in nb.cells[1].source, "learning goals belong at the top"
+    assert re.search(r"^## Summary", markdown, re.M)
+    assert re.search(r"^## Check yourself", markdown, re.M)
+    assert "{cite:" in markdown, "cite papers from book/references.bib"
+    assert any(config.SETUP_TAG in c.metadata.get("tags", []) for c in nb.cells)
+    # The summary and questions come last.
+    last_heading = re.findall(r"^## (.+)$", markdown, re.M)[-1]
+    assert last_heading.startswith("Check yourself")
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_exercise_has_visible_and_hidden_tests(chapter):
+    nb = notebook.read(config.solution_path(chapter))
+    exercises = notebook.exercises(nb)
+    assert exercises
+    for ex in exercises:
+        solution = nb.cells[ex.solution_cell].source
+        tests = nb.cells[ex.test_cell].source
+        assert "### BEGIN SOLUTION" in solution and "### END SOLUTION" in solution, ex.name
+        visible, _, hidden = tests.partition("### BEGIN HIDDEN TESTS")
+        assert "assert" in visible or "check_" in visible, f"{ex.name}: no visible test"
+        assert "assert" in hidden or "check_" in hidden, f"{ex.name}: no hidden test"
+        assert ex.points > 0
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_notebooks_import_course_lib_modules_not_names(chapter):
+    nb = notebook.read(config.solution_path(chapter))
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            bad = re.findall(r"^\s*from course_lib\.(?!grading)[\w.]+ import .*$", cell.source, re.M)
+            assert not bad, f"import the module instead (from course_lib import bpe): {bad}"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_figures_have_captions(chapter):
+    nb = notebook.read(config.solution_path(chapter))
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and re.search(r"\bplt\.|\.plot\(|plots\.", cell.source):
+            figure = cell.metadata.get("mystnb", {}).get("figure", {})
+            assert figure.get("caption"), f"cell {i} draws a figure without mystnb.figure.caption"
+            assert cell.metadata.get("mystnb", {}).get("image", {}).get("alt"), f"cell {i}: no alt text"
