@@ -64,9 +64,10 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check course_lib tests benchmarks
 
+# Re-pin everything after changing pyproject.toml (local build tags such as +cpu dropped).
 constraints: $(STAMP)
-	$(PY) -m pip freeze --exclude-editable | sed 's/+cpu$$//' | grep -v '^-e' > constraints.txt.new
-	@mv constraints.txt.new constraints.txt
+	{ sed -n '1,2p' constraints.txt; $(PY) -m pip freeze --exclude-editable | sed 's/+cpu$$//'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 clean:
 	rm -rf _build
