@@ -13,13 +13,17 @@ CHAPTER ?= all
 GRADING ?= grading
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install book test test-fast release grade check lab bench lint constraints clean
+.PHONY: help install book test test-fast release collect grade export formgrader mutants check lab bench lint constraints clean
 
 help:
 	@echo "make book      build the HTML book into _build/html (executes every solution once)"
 	@echo "make test      build the book, then run every test"
 	@echo "make release   regenerate student notebooks from solutions (CHAPTER=01_tokenization or all)"
+	@echo "make collect   file an LMS export: make collect CHAPTER=01_tokenization FROM=export.zip"
 	@echo "make grade     autograde submissions of CHAPTER in grading/submitted, write grades.csv"
+	@echo "make formgrader  JupyterLab in the course folder, for grading written answers by hand"
+	@echo "make export    grades.csv and feedback again, after manual grading"
+	@echo "make mutants   mutation-test the graders of every chapter (kill rate, survivors)"
 	@echo "make check     self-check a notebook: make check NB=notebooks/01_tokenization/01_tokenization.ipynb"
 	@echo "make lab       open JupyterLab on the student notebooks"
 	@echo "make bench     run the benchmarks (not part of the tests)"
@@ -49,8 +53,23 @@ test-fast: $(STAMP)
 release: $(STAMP)
 	$(PY) -m course_lib.grading release $(CHAPTER)
 
+collect: $(STAMP)
+	$(PY) -m course_lib.grading collect $(CHAPTER) $(FROM) --grading-dir $(GRADING)
+
 grade: $(STAMP)
 	$(PY) -m course_lib.grading grade $(CHAPTER) --grading-dir $(GRADING)
+
+# After grading written answers in the formgrader: grades.csv and feedback again.
+export: $(STAMP)
+	$(PY) -m course_lib.grading export $(CHAPTER) --grading-dir $(GRADING)
+
+# The formgrader (manual grading) needs JupyterLab started in the course folder.
+formgrader: $(STAMP)
+	$(BIN)/jupyter lab --ServerApp.root_dir=.
+
+# Mutation testing of the graders: every chapter's catalogue, kill rate and survivors.
+mutants: $(STAMP)
+	@for c in $$(ls solutions); do $(PY) -m course_lib.grading.mutants $$c || exit 1; done
 
 check: $(STAMP)
 	$(PY) -m course_lib.grading.check $(NB)

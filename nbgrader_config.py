@@ -16,3 +16,26 @@ c.CourseDirectory.feedback_directory = "grading/feedback"
 c.CourseDirectory.db_url = "sqlite:///grading/gradebook.db"
 c.ExecutePreprocessor.timeout = course.cell_timeout()
 c.ClearSolutions.code_stub = {"python": course.CODE_STUB}
+
+# Autograding executes each submission in a sandboxed worker (course_lib.grading.sandbox)
+# instead of nbgrader's own Execute; the rest of nbgrader's pipeline is unchanged.
+from nbconvert.preprocessors import ClearMetadataPreprocessor  # noqa: E402
+from nbgrader.preprocessors import (  # noqa: E402
+    AssignLatePenalties,
+    CheckCellMetadata,
+    IgnorePattern,
+    LimitOutput,
+    SaveAutoGrades,
+)
+
+from course_lib.grading.sandbox import SandboxedExecute  # noqa: E402
+
+c.Autograde.autograde_preprocessors = [
+    SandboxedExecute,
+    IgnorePattern,
+    ClearMetadataPreprocessor,
+    LimitOutput,
+    SaveAutoGrades,
+    AssignLatePenalties,
+    CheckCellMetadata,
+]

@@ -2,8 +2,11 @@
 
     python -m course_lib.grading release [CHAPTER|all]   regenerate notebooks/ from solutions/
     python -m course_lib.grading book                    build the HTML book into _build/html
-    python -m course_lib.grading grade CHAPTER [--grading-dir DIR]
-                                                         autograde, feedback, grades.csv
+    python -m course_lib.grading collect CHAPTER ZIP_OR_FOLDER [--pattern REGEX]
+                                                         file an LMS export for grading
+    python -m course_lib.grading grade CHAPTER [--jobs N] autograde, feedback, grades.csv
+    python -m course_lib.grading export CHAPTER          grades.csv and feedback after manual grading
+    python -m course_lib.grading.mutants CHAPTER         mutation-test the chapter's graders
     python -m course_lib.grading.check NOTEBOOK          a student's self-check
 """
 
@@ -12,7 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import book, config, grade, release
+from . import book, collect, config, grade, release
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,7 +26,16 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("release", help="regenerate student notebooks from solutions")
     p.add_argument("chapter", nargs="?", default="all")
     sub.add_parser("book", help="build the HTML book")
+    p = sub.add_parser("collect", help="file a zip or folder of submissions for grading")
+    p.add_argument("chapter")
+    p.add_argument("source", type=Path)
+    p.add_argument("--pattern", help="regex on file names with a 'student' group")
+    p.add_argument("--grading-dir", type=Path, default=None)
     p = sub.add_parser("grade", help="autograde the collected submissions of one chapter")
+    p.add_argument("chapter")
+    p.add_argument("--grading-dir", type=Path, default=None)
+    p.add_argument("--jobs", type=int, default=None, help="students graded at once (default: cores)")
+    p = sub.add_parser("export", help="rewrite grades.csv and feedback after manual grading")
     p.add_argument("chapter")
     p.add_argument("--grading-dir", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -34,9 +46,16 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "book":
         html = book.build()
         print(f"Book written to {html}/index.html")
+    elif args.command == "collect":
+        (chapter,) = config.resolve_chapters(args.chapter)
+        report = collect.collect(chapter, args.source, args.grading_dir, args.pattern)
+        print("\n".join(report.lines()))
     elif args.command == "grade":
         for chapter in config.resolve_chapters(args.chapter):
-            print(f"Grades written to {grade.grade(chapter, args.grading_dir)}")
+            print(f"Grades written to {grade.grade(chapter, args.grading_dir, args.jobs)}")
+    elif args.command == "export":
+        for chapter in config.resolve_chapters(args.chapter):
+            print(f"Grades written to {grade.export(chapter, args.grading_dir)}")
     return 0
 
 

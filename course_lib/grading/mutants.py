@@ -23,6 +23,7 @@ from pathlib import Path
 from . import config, notebook
 
 KILL_RATE_TARGET = 0.9
+MIN_PER_EXERCISE = 10  # plausible wrong answers per exercise
 
 
 @dataclass(frozen=True)

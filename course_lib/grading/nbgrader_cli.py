@@ -25,6 +25,8 @@ def course_args(grading_dir: Path | None = None, release_dir: Path | None = None
         f"--CourseDirectory.feedback_directory={g / 'feedback'}",
         f"--CourseDirectory.db_url=sqlite:///{g / 'gradebook.db'}",
         f"--ExecutePreprocessor.timeout={config.cell_timeout()}",
+        f"--SandboxedExecute.timeout={config.cell_timeout()}",
+        f"--SandboxedExecute.hide={g}",  # other students' work and the gradebook
     ]
     if release_dir is not None:
         args.append(f"--CourseDirectory.release_directory={Path(release_dir).resolve()}")

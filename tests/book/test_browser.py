@@ -47,7 +47,9 @@ def visit(browser, url: str) -> tuple[object, list[str]]:
     """Open ``url``; returns the page and every problem seen (console errors, failed requests)."""
     page = browser.new_page()
     problems: list[str] = []
-    page.on("console", lambda m: problems.append(f"console: {m.text}") if m.type == "error" else None)
+    # A failed resource is reported below with its URL; its console echo says nothing more.
+    page.on("console", lambda m: problems.append(f"console: {m.text}")
+            if m.type == "error" and not m.text.startswith("Failed to load resource") else None)
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     page.on("requestfailed", lambda r: problems.append(f"failed request: {r.url}"))
     # Browsers ask for /favicon.ico on their own; the book has none.

@@ -13,6 +13,9 @@ def test_catalogue_covers_every_exercise(chapter):
     catalogue = yaml.safe_load(mutants.catalogue_path(chapter).read_text())
     names = {ex.name for ex in notebook.exercises(notebook.read(config.solution_path(chapter)))}
     assert {m["grade_id"] for m in catalogue} == names
+    for name in names:
+        n = sum(m["grade_id"] == name for m in catalogue)
+        assert n >= mutants.MIN_PER_EXERCISE, f"{name} has {n} mutants"
     for m in catalogue:
         assert set(m) == {"grade_id", "find", "replace", "why"}, m
         assert m["find"] != m["replace"]

@@ -73,3 +73,35 @@ def test_feedback_is_written_for_every_student(graded):
     grading, rows, _ = graded
     for student in rows:
         assert (grading / "feedback" / student / CHAPTER / f"{CHAPTER}.html").is_file()
+
+
+def test_summary_per_exercise_as_text_and_plot(graded):
+    grading, rows, _ = graded
+    text = (grading / "summary.txt").read_text()
+    for name in _points():
+        assert name in text
+    assert (grading / "summary.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_manual_grades_reach_the_csv_after_export(graded):
+    """What the formgrader does, through nbgrader's API: score a written answer, then export."""
+    from nbgrader.api import Gradebook
+
+    grading, _, _ = graded
+    written = notebook.written_questions(notebook.read(config.solution_path(CHAPTER)))
+    assert written, "the chapter needs a written question graded by hand"
+    with Gradebook(f"sqlite:///{grading / 'gradebook.db'}") as gb:
+        sub = gb.find_submission_notebook(CHAPTER, CHAPTER, "perfect")
+        grade = next(g for g in sub.grades if g.name == written[0])
+        grade.manual_score = grade.max_score
+        gb.db.commit()
+        max_written = grade.max_score
+    proc = subprocess.run(
+        ["make", "-o", ".venv/.installed", "export", f"CHAPTER={CHAPTER}", f"GRADING={grading}",
+         f"PY={sys.executable}"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with (grading / "grades.csv").open() as f:
+        rows = {row["student"]: row for row in csv.DictReader(f)}
+    assert float(rows["perfect"][written[0]]) == max_written
+    assert float(rows["perfect"]["total"]) == sum(_points().values()) + max_written
+    assert float(rows["untouched"]["autograded"]) == 0

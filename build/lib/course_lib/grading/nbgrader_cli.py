@@ -25,6 +25,8 @@ def course_args(grading_dir: Path | None = None, release_dir: Path | None = None
         f"--CourseDirectory.feedback_directory={g / 'feedback'}",
         f"--CourseDirectory.db_url=sqlite:///{g / 'gradebook.db'}",
         f"--ExecutePreprocessor.timeout={config.cell_timeout()}",
+        f"--SandboxedExecute.timeout={config.cell_timeout()}",
+        f"--SandboxedExecute.hide={g}",  # other students' work and the gradebook
     ]
     if release_dir is not None:
         args.append(f"--CourseDirectory.release_directory={Path(release_dir).resolve()}")
@@ -37,7 +39,8 @@ def run(step: str, chapter: str, *extra: str, grading_dir=None, release_dir=None
     g.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "nbgrader", step, chapter, *course_args(g, release_dir), *extra]
     # nbgrader calls the `alembic` script by name: put this interpreter's scripts on PATH.
-    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    scripts = str(Path(sys.executable).parent)
+    env = dict(os.environ, PATH=os.pathsep.join([scripts, os.environ.get("PATH", "")]))
     proc = subprocess.run(cmd, cwd=config.root(), capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"nbgrader {step} {chapter} failed:\n{proc.stdout}\n{proc.stderr}")

@@ -1,9 +1,9 @@
 """Sphinx extension with the book's fixes to the theme.
 
-- The header's download button gives the student notebook. The book is built without copying sources (``html_copy_source: false``), so the theme's own
-links into ``_sources/`` would be dead. On a notebook page the download button points at the
-student version staged next to the page (``notebooks/NN_name/NN_name.ipynb``); on other pages
-only "print to PDF" remains.
+- The header's download button gives the student notebook. The book is built without copying
+  sources (``html_copy_source: false``), so the theme's links into ``_sources/`` would be dead.
+  On a notebook page the button points at the student version staged next to the page
+  (``notebooks/NN_name/NN_name.ipynb``); on other pages only "print to PDF" remains.
 - Scripts added twice (sphinx-thebe declares its constants twice) are kept once, and the colour
   mode defaults to light: both otherwise raise errors in the browser console.
 """
