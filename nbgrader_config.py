@@ -5,7 +5,22 @@ collected submissions, autograded copies, feedback and the gradebook live under 
 The per-cell time limit comes from _config.yml (execute.timeout), like everywhere else.
 """
 
+from nbconvert.preprocessors import ClearMetadataPreprocessor
+from nbgrader.preprocessors import (
+    AssignLatePenalties,
+    CheckCellMetadata,
+    ClearOutput,
+    DeduplicateIds,
+    IgnorePattern,
+    LimitOutput,
+    OverwriteCells,
+    OverwriteKernelspec,
+    SaveAutoGrades,
+)
+
 from course_lib.grading import config as course
+from course_lib.grading.preprocessors import RepairTestCells
+from course_lib.grading.sandbox import SandboxedExecute
 
 c = get_config()  # noqa: F821 (provided by nbgrader)
 c.CourseDirectory.source_directory = "solutions"
@@ -17,19 +32,18 @@ c.CourseDirectory.db_url = "sqlite:///grading/gradebook.db"
 c.ExecutePreprocessor.timeout = course.cell_timeout()
 c.ClearSolutions.code_stub = {"python": course.CODE_STUB}
 
-# Autograding executes each submission in a sandboxed worker (course_lib.grading.sandbox)
-# instead of nbgrader's own Execute; the rest of nbgrader's pipeline is unchanged.
-from nbconvert.preprocessors import ClearMetadataPreprocessor  # noqa: E402
-from nbgrader.preprocessors import (  # noqa: E402
-    AssignLatePenalties,
+# Tests a student deleted come back; tests a student moved go back after their answers.
+c.OverwriteCells.add_missing_cells = True
+c.Autograde.sanitize_preprocessors = [
+    ClearOutput,
+    DeduplicateIds,
+    OverwriteKernelspec,
+    RepairTestCells,
+    OverwriteCells,
     CheckCellMetadata,
-    IgnorePattern,
-    LimitOutput,
-    SaveAutoGrades,
-)
-
-from course_lib.grading.sandbox import SandboxedExecute  # noqa: E402
-
+]
+# Each submission runs in a sandboxed worker (course_lib.grading.sandbox) instead of nbgrader's
+# own Execute; the rest of nbgrader's pipeline is unchanged.
 c.Autograde.autograde_preprocessors = [
     SandboxedExecute,
     IgnorePattern,

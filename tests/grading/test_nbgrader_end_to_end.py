@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from course_lib.grading import config, notebook
+from course_lib.grading import mutants as mutant_grader
 from tests.conftest import CHAPTERS, ROOT
 from tests.helpers import answered, mutants, write
 
@@ -30,6 +31,8 @@ def graded(tmp_path_factory):
     write(answered(CHAPTER), grading / "submitted" / "perfect" / target)
     mutant = mutants(CHAPTER)[0]
     write(answered(CHAPTER, mutant=mutant), grading / "submitted" / "one_wrong" / target)
+    # A sample of the catalogue (the last mutant, of another exercise) graded by nbgrader too.
+    write(answered(CHAPTER, mutant=mutants(CHAPTER)[-1]), grading / "submitted" / "sampled" / target)
     proc = subprocess.run(
         ["make", "-o", ".venv/.installed", "grade", f"CHAPTER={CHAPTER}", f"GRADING={grading}",
          f"PY={sys.executable}"],
@@ -67,6 +70,18 @@ def test_one_wrong_answer_loses_exactly_that_exercise(graded):
     assert float(rows["one_wrong"][wrong]) == 0
     assert all(float(rows["one_wrong"][n]) == p for n, p in points.items() if n != wrong)
     assert float(rows["one_wrong"]["autograded"]) == sum(points.values()) - points[wrong]
+
+
+def test_in_process_mutant_verdicts_agree_with_nbgrader(graded):
+    """The fast mutant grader and real nbgrader agree on the sampled wrong answers."""
+    _, rows, _ = graded
+    catalogue = mutants(CHAPTER)
+    verdicts = mutant_grader.grade(CHAPTER)
+    points = _points()
+    for student, index in [("one_wrong", 0), ("sampled", len(catalogue) - 1)]:
+        exercise = catalogue[index]["grade_id"]
+        lost = float(rows[student][exercise]) < points[exercise]
+        assert verdicts[index].killed == lost, (student, catalogue[index]["why"])
 
 
 def test_feedback_is_written_for_every_student(graded):

@@ -4,7 +4,8 @@ Students (each a copy of the right answers, then broken in one way per exercise)
 - ``broken``: ex 1 loops forever, ex 2 has a syntax error, ex 3 kills the kernel, ex 4 imports
   a missing module, ex 5 raises; the last exercise is right and must keep its points;
 - ``tamperer``: wrong answers everywhere, with test cells deleted, emptied, duplicated and
-  moved: the instructor's tests count, so no points;
+  moved: the instructor's tests count, so no points; ``rearranger``: the same tampering with
+  right answers: full marks;
 - ``snoop``: right answers, plus a cell that tries to read the solutions and the gradebook and
   to write outside its folder, prints huge output and allocates too much memory;
 - ``not_json``, ``empty``, ``other_chapter``: files that are no submission of this chapter;
@@ -49,9 +50,9 @@ def _broken():
     return nb, names[len(sabotage)]
 
 
-def _tamperer():
+def _tampered(right_answers: bool):
     nb = answered(CHAPTER)
-    for m in mutants(CHAPTER):  # one wrong answer in every exercise
+    for m in [] if right_answers else mutants(CHAPTER):  # one wrong answer in every exercise
         cell = _cell(nb, m["grade_id"])
         if m["find"] in cell.source and "mutated" not in cell.metadata:
             cell.source = cell.source.replace(m["find"], m["replace"], 1)
@@ -106,7 +107,8 @@ def graded(tmp_path_factory):
     sub = grading / "submitted"
     broken, survivor = _broken()
     write(broken, sub / "broken" / target)
-    write(_tamperer(), sub / "tamperer" / target)
+    write(_tampered(right_answers=False), sub / "tamperer" / target)
+    write(_tampered(right_answers=True), sub / "rearranger" / target)
     write(_snoop(grading), sub / "snoop" / target)
     write(answered(CHAPTER), sub / "perfect" / target)
     (sub / "not_json" / CHAPTER).mkdir(parents=True)
@@ -135,6 +137,11 @@ def test_broken_cells_cost_only_their_exercises(graded):
 def test_tampered_tests_earn_nothing(graded):
     _, rows, _, _, _ = graded
     assert float(rows["tamperer"]["autograded"]) == 0
+
+
+def test_deleted_emptied_duplicated_or_moved_tests_still_grade_right_answers(graded):
+    _, rows, _, _, _ = graded
+    assert float(rows["rearranger"]["autograded"]) == sum(_points().values())
 
 
 def test_hidden_files_stay_hidden_and_nothing_is_written_outside(graded):
