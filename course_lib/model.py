@@ -1,0 +1,358 @@
+"""The transformer block and a decoder-only GPT built from a :class:`ModelConfig` (chapter 03).
+
+Shapes: ``B`` batch, ``S`` positions, ``D`` d_model, ``F`` feed-forward width, ``V`` vocabulary,
+``L`` layers, ``H`` query heads, ``Hkv`` kv heads, ``Dh`` head dim.
+
+A GPT is an embedding, ``L`` blocks that each *add* to a residual stream, a final norm and an
+LM head. One block, in its two arrangements::
+
+    pre-norm (GPT-2, Llama; default)         post-norm (Vaswani et al., 2017; BERT)
+
+    x ----------+                            x ----------+
+    |           |                            |           |
+    norm        |                            attn        |
+    attn        |                            |           |
+    +  <--------+                            +  <--------+
+    |                                        norm
+    h ----------+                            h ----------+
+    |           |                            |           |
+    norm        |                            mlp         |
+    mlp         |                            |           |
+    +  <--------+                            +  <--------+
+    |                                        norm
+    out                                      out
+
+    pre:  h = x + attn(norm(x));   out = h + mlp(norm(h))     (+ a final norm_f before the head)
+    post: h = norm(x + attn(x));   out = norm(h + mlp(h))     (no final norm)
+
+Pre-norm keeps an untouched path from the embedding to the head, which is why deep pre-norm
+models train without warm-up tricks (Xiong et al., 2020). The same config gives GPT-2
+(learned positions, LayerNorm, GELU, biases, tied head; :func:`from_hf_gpt2`) and Llama (RoPE,
+RMSNorm, SwiGLU, GQA, no biases, untied; :func:`from_hf_llama`). Attention is
+:class:`course_lib.attention.MultiHeadAttention`, positions come from
+:mod:`course_lib.positional`, norms from :mod:`course_lib.norms`.
+
+Left out here: encoder-only and encoder-decoder variants, padding masks for batched prompts
+of different lengths, MoE (chapter 07), weight-init scaling of residual projections by
+``1/sqrt(2L)``, and sliding-window layers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import attention
+from .norms import make_norm
+from .positional import LearnedPositional, RotaryEmbedding, sinusoidal
+
+__all__ = ["ModelConfig", "MLP", "Block", "GPT", "from_hf_gpt2", "from_hf_llama"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything that fixes a GPT's shape (chapter 03). Change with ``dataclasses.replace``.
+
+    >>> cfg = ModelConfig(mlp="swiglu")
+    >>> cfg.head_dim, cfg.kv_heads, cfg.ff_width
+    (16, 4, 176)
+    """
+
+    vocab_size: int = 256                # V; 256 = bytes, grows after BPE training
+    context_length: int = 64             # longest sequence (positions 0 .. context_length - 1)
+    d_model: int = 64                    # D, the residual stream's width
+    n_layers: int = 2                    # L blocks
+    n_heads: int = 4                     # H query heads, Dh = D // H
+    n_kv_heads: int | None = None        # Hkv; None -> n_heads (MHA), 1 -> MQA, else GQA
+    d_ff: int | None = None              # F; None -> 4 D (gelu) or 8 D / 3 rounded up to 8 (swiglu)
+    dropout: float = 0.0                 # on embeddings, attention weights and both residual branches
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_position: Literal["pre", "post"] = "pre"
+    positional: Literal["learned", "sinusoidal", "rope", "none"] = "learned"
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    tie_embeddings: bool = True          # lm_head.weight is tok_emb.weight (GPT-2); False in Llama
+    bias: bool = True                    # biases in every Linear and LayerNorm (GPT-2); False in Llama
+    norm_eps: float | None = None        # None -> 1e-5 for LayerNorm (GPT-2), 1e-6 for RMSNorm (Llama)
+    rope_base: float = 10000.0           # RoPE's base (HF's rope_theta); used with positional="rope"
+    attn_impl: Literal["naive", "sdpa"] = "naive"  # readable softmax(QK^T)V, or torch's fused kernel
+
+    def __post_init__(self):
+        for name in ("vocab_size", "context_length", "d_model", "n_layers", "n_heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.n_kv_heads is not None and self.n_kv_heads < 1:
+            raise ValueError(f"n_kv_heads must be >= 1 or None, got {self.n_kv_heads}")
+        if self.d_ff is not None and self.d_ff < 1:
+            raise ValueError(f"d_ff must be >= 1 or None, got {self.d_ff}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
+        choices = {"norm": ("layernorm", "rmsnorm"), "norm_position": ("pre", "post"),
+                   "positional": ("learned", "sinusoidal", "rope", "none"), "mlp": ("gelu", "swiglu"),
+                   "attn_impl": ("naive", "sdpa")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.positional == "rope" and self.head_dim % 2:
+            raise ValueError(f"rope needs an even head_dim, got d_model // n_heads = {self.head_dim}")
+        if self.positional == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+
+    @property
+    def head_dim(self) -> int:
+        """Dh = D // H."""
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Hkv, with None resolved to n_heads."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def ff_width(self) -> int:
+        """F: ``d_ff``, or 4 D for GELU; for SwiGLU 2/3 of 4 D (three matrices instead of two,
+        so the same parameter count), rounded up to a multiple of 8 as Llama rounds to 256."""
+        if self.d_ff is not None:
+            return self.d_ff
+        return 4 * self.d_model if self.mlp == "gelu" else 8 * math.ceil(8 * self.d_model / 3 / 8)
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward layer, ``(B, S, D) -> (B, S, D)`` (chapter 03).
+
+    * ``gelu``: ``down_proj(gelu(up_proj(x)))``, D -> F -> D. GELU uses the tanh
+      approximation (GPT-2's ``gelu_new``); it differs from the exact erf form by < 1e-3.
+    * ``swiglu`` (Shazeer, 2020; Llama): ``down_proj(silu(gate_proj(x)) * up_proj(x))``.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        D, F_, bias = config.d_model, config.ff_width, config.bias
+        self.kind = config.mlp
+        self.up_proj = nn.Linear(D, F_, bias=bias)
+        self.gate_proj = nn.Linear(D, F_, bias=bias) if config.mlp == "swiglu" else None
+        self.down_proj = nn.Linear(F_, D, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.gate_proj is None:
+            h = F.gelu(self.up_proj(x), approximate="tanh")  # (B, S, D) -> (B, S, F)
+        else:
+            h = F.silu(self.gate_proj(x)) * self.up_proj(x)  # (B, S, D) -> (B, S, F)
+        return self.down_proj(h)  # (B, S, F) -> (B, S, D)
+
+
+class Block(nn.Module):
+    """Attention + MLP, each wrapped in a residual connection and a norm (chapter 03).
+
+    Pre- or post-norm as drawn in the module docstring. ``forward(x, *, mask=None, cache=None,
+    rotary=None)`` with x ``(B, S, D)``; the keywords go to the attention layer.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.pre_norm = config.norm_position == "pre"
+        self.attn = attention.MultiHeadAttention(config.d_model, config.n_heads, config.n_kv_heads,
+                                                 bias=config.bias, dropout=config.dropout,
+                                                 impl=config.attn_impl)
+        self.attn_norm = make_norm(config.norm, config.d_model, eps=config.norm_eps, bias=config.bias)
+        self.mlp = MLP(config)
+        self.mlp_norm = make_norm(config.norm, config.d_model, eps=config.norm_eps, bias=config.bias)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, *, mask: Tensor | None = None, cache=None, rotary=None) -> Tensor:
+        if self.pre_norm:
+            x = x + self.drop(self.attn(self.attn_norm(x), mask=mask, cache=cache, rotary=rotary))
+            return x + self.drop(self.mlp(self.mlp_norm(x)))
+        x = self.attn_norm(x + self.drop(self.attn(x, mask=mask, cache=cache, rotary=rotary)))
+        return self.mlp_norm(x + self.drop(self.mlp(x)))
+
+
+class GPT(nn.Module):
+    """Decoder-only language model (chapter 03).
+
+    ``forward(idx (B, S) long, targets=None, *, caches=None) -> (logits (B, S, V), loss)``;
+    ``loss`` is the cross-entropy averaged over target tokens (``-100`` = ignore), or None.
+    Attention is always causal. With ``caches`` (one :class:`course_lib.attention.KVCache` per
+    layer, from :meth:`make_caches`) ``idx`` holds only the *new* tokens, and their positions
+    continue from the caches' length.
+
+    >>> model = GPT(ModelConfig(vocab_size=10, context_length=8, d_model=16, n_heads=2))
+    >>> logits, loss = model(torch.tensor([[1, 2, 3]]), torch.tensor([[2, 3, 4]]))
+    >>> tuple(logits.shape), loss.shape
+    ((1, 3, 10), torch.Size([]))
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = c = config
+        self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
+        self.pos_emb = LearnedPositional(c.context_length, c.d_model) if c.positional == "learned" else None
+        self.rotary = RotaryEmbedding(c.head_dim, c.rope_base) if c.positional == "rope" else None
+        if c.positional == "sinusoidal":  # fixed table; not saved, rebuilt from the config
+            self.register_buffer("pos_table", sinusoidal(c.context_length, c.d_model), persistent=False)
+        else:
+            self.pos_table = None
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
+        # post-norm blocks already end in a norm, so only pre-norm needs a final one
+        self.norm_f = (make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
+                       if c.norm_position == "pre" else nn.Identity())
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        if c.tie_embeddings:  # one (V, D) matrix reads tokens in and scores them out
+            self.lm_head.weight = self.tok_emb.weight
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        """GPT-2's init: N(0, 0.02) for Linear and Embedding weights, zero biases."""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameters, a tied matrix counted once. ``non_embedding`` leaves out the token
+        embedding and the learned position table (Kaplan et al.'s N); an untied lm_head stays."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.tok_emb.weight.numel()
+            if self.pos_emb is not None:
+                n -= self.pos_emb.embedding.weight.numel()
+        return n
+
+    def make_caches(self, batch_size: int, capacity: int | None = None, *, device=None,
+                    dtype: torch.dtype | None = None) -> list[attention.KVCache]:
+        """One empty KVCache per layer; capacity defaults to context_length, device and dtype
+        to the model's."""
+        c, p = self.config, self.tok_emb.weight
+        capacity = c.context_length if capacity is None else capacity
+        return [attention.KVCache(batch_size, c.kv_heads, c.head_dim, capacity,
+                                  device=device or p.device, dtype=dtype or p.dtype)
+                for _ in range(c.n_layers)]
+
+    def _check(self, idx: Tensor, targets: Tensor | None, start: int) -> None:
+        c = self.config
+        if not isinstance(idx, Tensor) or idx.dim() != 2 or idx.dtype != torch.long:
+            got = f"shape {tuple(idx.shape)}, dtype {idx.dtype}" if isinstance(idx, Tensor) else type(idx)
+            raise ValueError(f"idx must be a (B, S) tensor of dtype torch.long, got {got}")
+        if start + idx.shape[1] > c.context_length:
+            raise ValueError(f"sequence of {start + idx.shape[1]} positions ({start} cached + "
+                             f"{idx.shape[1]} new) exceeds context_length={c.context_length}")
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= c.vocab_size):
+            raise ValueError(f"token ids must lie in 0 .. {c.vocab_size - 1} (vocab_size={c.vocab_size}), "
+                             f"got min {int(idx.min())}, max {int(idx.max())}")
+        if targets is not None and targets.shape != idx.shape:
+            raise ValueError(f"targets must have idx's shape {tuple(idx.shape)}, got {tuple(targets.shape)}")
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None, *,
+                caches: list[attention.KVCache] | None = None) -> tuple[Tensor, Tensor | None]:
+        if caches is not None and len(caches) != self.config.n_layers:
+            raise ValueError(f"need one cache per layer ({self.config.n_layers}), got {len(caches)}")
+        start = caches[0].length if caches else 0
+        self._check(idx, targets, start)
+        S = idx.shape[1]
+        positions = torch.arange(start, start + S, device=idx.device)  # (S,) absolute positions
+        x = self.tok_emb(idx)  # (B, S) -> (B, S, D)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(positions)  # (B, S, D) + (S, D)
+        elif self.pos_table is not None:
+            x = x + self.pos_table[positions].to(x.dtype)  # (B, S, D) + (S, D)
+        x = self.drop(x)
+        # with caches MultiHeadAttention builds causal_mask(S, Sk) itself
+        mask = attention.causal_mask(S, device=idx.device) if caches is None else None  # (S, S)
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask=mask, cache=None if caches is None else caches[i], rotary=self.rotary)
+        logits = self.lm_head(self.norm_f(x))  # (B, S, D) -> (B, S, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+        return logits, loss
+
+
+def _linear_from_conv1d(linear: nn.Linear, weight: Tensor, bias: Tensor) -> None:
+    with torch.no_grad():  # GPT-2's Conv1D computes x @ W + b with W (in, out): transpose
+        linear.weight.copy_(weight.t())
+        linear.bias.copy_(bias)
+
+
+def from_hf_gpt2(hf_model) -> GPT:
+    """A :class:`GPT` holding the weights of a HuggingFace ``GPT2LMHeadModel`` (chapter 03).
+
+    Mapping: ``wte -> tok_emb``, ``wpe -> pos_emb``, ``ln_1/ln_2 -> attn_norm/mlp_norm``,
+    ``c_attn`` (q, k, v packed along the output dim) ``-> q_proj, k_proj, v_proj``,
+    ``attn.c_proj -> o_proj``, ``c_fc -> up_proj``, ``mlp.c_proj -> down_proj``,
+    ``ln_f -> norm_f``; the head is tied. Returned in eval mode.
+    """
+    hc = hf_model.config
+    if hc.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise ValueError(f"only GPT-2's tanh GELU is supported, got {hc.activation_function!r}")
+    config = ModelConfig(vocab_size=hc.vocab_size, context_length=hc.n_positions, d_model=hc.n_embd,
+                         n_layers=hc.n_layer, n_heads=hc.n_head, d_ff=hc.n_inner or 4 * hc.n_embd,
+                         norm="layernorm", norm_position="pre", positional="learned", mlp="gelu",
+                         tie_embeddings=True, bias=True, norm_eps=hc.layer_norm_epsilon)
+    model, tr, D = GPT(config), hf_model.transformer, hc.n_embd
+    with torch.no_grad():
+        model.tok_emb.weight.copy_(tr.wte.weight)
+        model.pos_emb.embedding.weight.copy_(tr.wpe.weight)
+        for block, h in zip(model.blocks, tr.h, strict=True):
+            w, b = h.attn.c_attn.weight, h.attn.c_attn.bias  # (D, 3D), (3D,)
+            for j, proj in enumerate((block.attn.q_proj, block.attn.k_proj, block.attn.v_proj)):
+                _linear_from_conv1d(proj, w[:, j * D:(j + 1) * D], b[j * D:(j + 1) * D])
+            _linear_from_conv1d(block.attn.o_proj, h.attn.c_proj.weight, h.attn.c_proj.bias)
+            _linear_from_conv1d(block.mlp.up_proj, h.mlp.c_fc.weight, h.mlp.c_fc.bias)
+            _linear_from_conv1d(block.mlp.down_proj, h.mlp.c_proj.weight, h.mlp.c_proj.bias)
+            for ours, theirs in ((block.attn_norm, h.ln_1), (block.mlp_norm, h.ln_2)):
+                ours.weight.copy_(theirs.weight)
+                ours.bias.copy_(theirs.bias)
+        model.norm_f.weight.copy_(tr.ln_f.weight)
+        model.norm_f.bias.copy_(tr.ln_f.bias)
+    return model.eval()
+
+
+def from_hf_llama(hf_model) -> GPT:
+    """A :class:`GPT` holding the weights of a HuggingFace ``LlamaForCausalLM`` (chapter 03).
+
+    RoPE (rotate-half, as :class:`course_lib.positional.RotaryEmbedding`), RMSNorm, SwiGLU,
+    GQA, no biases; tied or not as the checkpoint says. Names already match except
+    ``embed_tokens -> tok_emb``, ``input_layernorm -> attn_norm``,
+    ``post_attention_layernorm -> mlp_norm``, ``model.norm -> norm_f``. RoPE scaling
+    (Llama 3.1's frequency bands) is not supported. Returned in eval mode.
+    """
+    hc = hf_model.config
+    rope = getattr(hc, "rope_parameters", None) or getattr(hc, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise ValueError(f"RoPE scaling is not supported, got {rope}")
+    theta = getattr(hc, "rope_theta", None) or rope.get("rope_theta", 10000.0)
+    if getattr(hc, "attention_bias", False) or getattr(hc, "mlp_bias", False) or hc.hidden_act != "silu":
+        raise ValueError("expected Llama's bias-free attention and MLP with SiLU gating")
+    head_dim = getattr(hc, "head_dim", None) or hc.hidden_size // hc.num_attention_heads
+    if head_dim * hc.num_attention_heads != hc.hidden_size:
+        raise ValueError(f"head_dim={head_dim} x heads != hidden_size={hc.hidden_size} is not supported")
+    config = ModelConfig(vocab_size=hc.vocab_size, context_length=hc.max_position_embeddings,
+                         d_model=hc.hidden_size, n_layers=hc.num_hidden_layers,
+                         n_heads=hc.num_attention_heads, n_kv_heads=hc.num_key_value_heads,
+                         d_ff=hc.intermediate_size, norm="rmsnorm", norm_position="pre",
+                         positional="rope", mlp="swiglu", tie_embeddings=hc.tie_word_embeddings,
+                         bias=False, norm_eps=hc.rms_norm_eps, rope_base=float(theta))
+    model, hm = GPT(config), hf_model.model
+    with torch.no_grad():
+        model.tok_emb.weight.copy_(hm.embed_tokens.weight)
+        for block, h in zip(model.blocks, hm.layers, strict=True):
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                getattr(block.attn, name).weight.copy_(getattr(h.self_attn, name).weight)
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                getattr(block.mlp, name).weight.copy_(getattr(h.mlp, name).weight)
+            block.attn_norm.weight.copy_(h.input_layernorm.weight)
+            block.mlp_norm.weight.copy_(h.post_attention_layernorm.weight)
+        model.norm_f.weight.copy_(hm.norm.weight)
+        if not config.tie_embeddings:
+            model.lm_head.weight.copy_(hf_model.lm_head.weight)
+    return model.eval()

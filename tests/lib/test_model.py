@@ -1,0 +1,230 @@
+"""Tests for course_lib.model.
+
+Oracles: HuggingFace ``GPT2LMHeadModel`` and ``LlamaForCausalLM`` built offline from small
+random configs, with every weight randomised (norm gains around 1) so that a swapped or
+untransposed matrix shows; our model loads their weights and must give the same logits.
+Properties: causality, KV-cache decoding == full forward, tied weights are one Parameter,
+parameter accounting against ``sum(p.numel())``, post-norm runs and differs, bad input errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from course_lib import attention
+from course_lib import model as M
+
+TINY = M.ModelConfig(vocab_size=50, context_length=16, d_model=32, n_layers=2, n_heads=4)
+VARIANTS = {
+    "gpt2-like": TINY,
+    "llama-like": dataclasses.replace(TINY, n_kv_heads=2, norm="rmsnorm", positional="rope", mlp="swiglu",
+                                      tie_embeddings=False, bias=False),
+    "sinusoidal": dataclasses.replace(TINY, positional="sinusoidal"),
+    "none-post-sdpa": dataclasses.replace(TINY, positional="none", norm_position="post", attn_impl="sdpa"),
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one thread is faster than several (and far faster on a loaded machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _model(config: M.ModelConfig, seed: int = 0) -> M.GPT:
+    torch.manual_seed(seed)
+    return M.GPT(config).eval()
+
+
+def _ids(B: int, S: int, V: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, V, (B, S), generator=torch.Generator().manual_seed(seed))
+
+
+def _randomise(hf_model) -> None:
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in hf_model.named_parameters():
+            is_gain = p.dim() == 1 and ("ln" in name or "norm" in name) and name.endswith("weight")
+            p.copy_((1.0 if is_gain else 0.0) + 0.2 * torch.randn(p.shape, generator=g))
+
+
+# --------------------------------------------------------------------------- HuggingFace parity
+def test_gpt2_parity_with_huggingface():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=100, n_positions=32,
+                                  resid_pdrop=0, embd_pdrop=0, attn_pdrop=0, bos_token_id=0, eos_token_id=0)
+    hf = transformers.GPT2LMHeadModel._from_config(cfg, attn_implementation="eager").eval()
+    _randomise(hf)
+    ours = M.from_hf_gpt2(hf)
+    c = ours.config
+    assert (c.positional, c.norm, c.mlp, c.tie_embeddings, c.bias) == (
+        "learned", "layernorm", "gelu", True, True)
+    assert ours.num_params() == sum(p.numel() for p in hf.parameters())
+    ids = _ids(3, 32, 100)
+    with torch.no_grad():
+        expected = hf(ids).logits
+        got, _ = ours(ids)
+    assert expected.abs().max() > 1.0  # the comparison is not between near-zero numbers
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_llama_parity_with_huggingface():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                                   max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                                   attention_bias=False, bos_token_id=0, eos_token_id=0)
+    hf = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="eager").eval()
+    _randomise(hf)
+    ours = M.from_hf_llama(hf)
+    c = ours.config
+    assert (c.positional, c.norm, c.mlp, c.kv_heads, c.tie_embeddings, c.bias) == (
+        "rope", "rmsnorm", "swiglu", 2, False, False)
+    assert c.rope_base == 10000.0 and c.norm_eps == 1e-6
+    assert ours.num_params() == sum(p.numel() for p in hf.parameters())
+    ids = _ids(2, 64, 100)
+    with torch.no_grad():
+        expected = hf(ids).logits
+        got, _ = ours(ids)
+    assert expected.abs().max() > 1.0
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+# --------------------------------------------------------------------------- properties
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_causality_a_later_token_leaves_earlier_logits_unchanged(name):
+    model = _model(VARIANTS[name])
+    ids = _ids(2, 10, 50)
+    changed = ids.clone()
+    changed[:, 6] = (changed[:, 6] + 1) % 50
+    with torch.no_grad():
+        a, _ = model(ids)
+        b, _ = model(changed)
+    torch.testing.assert_close(a[:, :6], b[:, :6])
+    assert not torch.allclose(a[:, 6:], b[:, 6:])
+
+
+@pytest.mark.parametrize("name", ["gpt2-like", "llama-like", "sinusoidal"])
+def test_incremental_decoding_with_caches_equals_full_forward(name):
+    model = _model(VARIANTS[name])
+    ids = _ids(2, 16, 50)
+    with torch.no_grad():
+        full, _ = model(ids)
+        caches = model.make_caches(2)
+        assert len(caches) == 2 and isinstance(caches[0], attention.KVCache)
+        prefill, _ = model(ids[:, :5], caches=caches)  # multi-token prefill, then one at a time
+        steps = [model(ids[:, t:t + 1], caches=caches)[0] for t in range(5, 16)]
+    assert caches[0].length == 16
+    torch.testing.assert_close(torch.cat([prefill, *steps], dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_tied_and_untied_embeddings():
+    tied = _model(TINY)
+    assert tied.lm_head.weight is tied.tok_emb.weight
+    untied = _model(dataclasses.replace(TINY, tie_embeddings=False))
+    assert untied.lm_head.weight is not untied.tok_emb.weight
+    V, D = TINY.vocab_size, TINY.d_model
+    assert untied.num_params() - tied.num_params() == V * D
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_num_params_counts_each_parameter_once(name):
+    model = _model(VARIANTS[name])
+    unique = {id(p): p for p in model.parameters()}
+    assert model.num_params() == sum(p.numel() for p in unique.values())
+    embeddings = model.tok_emb.weight.numel()
+    if model.pos_emb is not None:
+        embeddings += model.pos_emb.embedding.weight.numel()
+    assert model.num_params(non_embedding=True) == model.num_params() - embeddings
+
+
+def test_gpt2_like_parameter_count_by_hand():
+    """L (4 D^2 + 4 D attention with biases + 8 D^2 + 5 D MLP + 4 D two LayerNorms)
+    + V D tokens + C D positions + 2 D final norm; tied head adds nothing."""
+    V, C, D, L = 50, 16, 32, 2
+    per_block = (4 * D * D + 4 * D) + (8 * D * D + 4 * D + D) + 4 * D
+    assert _model(TINY).num_params() == L * per_block + V * D + C * D + 2 * D
+
+
+def test_swiglu_width_default_and_init():
+    cfg = dataclasses.replace(TINY, mlp="swiglu")
+    assert cfg.ff_width == 88  # 8 * 32 / 3 = 85.3, rounded up to a multiple of 8
+    assert dataclasses.replace(TINY, d_ff=10).ff_width == 10 and TINY.ff_width == 128
+    model = _model(cfg)
+    mlp = model.blocks[0].mlp
+    assert mlp.gate_proj.weight.shape == (88, 32) and mlp.down_proj.weight.shape == (32, 88)
+    assert torch.all(mlp.up_proj.bias == 0)
+    assert 0.015 < mlp.up_proj.weight.std().item() < 0.025  # N(0, 0.02)
+
+
+def test_post_norm_runs_and_differs_from_pre_norm():
+    pre, post = _model(TINY), _model(dataclasses.replace(TINY, norm_position="post"))
+    assert isinstance(post.norm_f, torch.nn.Identity)
+    post.load_state_dict(pre.state_dict(), strict=False)  # same weights, different wiring
+    ids = _ids(2, 8, 50)
+    targets = _ids(2, 8, 50, seed=3)
+    a, _ = pre(ids)
+    b, loss = post(ids, targets)
+    assert torch.isfinite(b).all() and not torch.allclose(a, b)
+    loss.backward()
+    assert all(p.grad is not None for p in post.parameters())
+
+
+def test_loss_is_mean_cross_entropy_and_ignores_minus_100():
+    model = _model(TINY)
+    ids, targets = _ids(2, 8, 50), _ids(2, 8, 50, seed=3)
+    targets[0, :3] = -100
+    logits, loss = model(ids, targets)
+    keep = targets != -100
+    expected = -torch.log_softmax(logits, -1)[keep].gather(-1, targets[keep][:, None]).mean()
+    torch.testing.assert_close(loss, expected)
+    assert model(ids)[1] is None
+
+
+def test_sdpa_and_naive_attention_give_the_same_logits():
+    naive = _model(TINY)
+    sdpa = _model(dataclasses.replace(TINY, attn_impl="sdpa"))
+    sdpa.load_state_dict(naive.state_dict())
+    ids = _ids(2, 16, 50)
+    torch.testing.assert_close(sdpa(ids)[0], naive(ids)[0], atol=1e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- errors
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(d_model=30), "d_model=30"),
+    (dict(n_kv_heads=3), "n_kv_heads=3"),
+    (dict(norm="batchnorm"), "batchnorm"),
+    (dict(norm_position="middle"), "middle"),
+    (dict(positional="alibi"), "alibi"),
+    (dict(mlp="relu"), "relu"),
+    (dict(vocab_size=0), "vocab_size"),
+    (dict(n_layers=-1), "n_layers"),
+    (dict(dropout=1.0), "dropout"),
+    (dict(d_ff=0), "d_ff"),
+])
+def test_config_validation_names_the_bad_value(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(TINY, **kwargs)
+
+
+def test_forward_errors_name_the_bad_value():
+    model = _model(TINY)
+    with pytest.raises(ValueError, match="torch.long"):
+        model(torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"\(B, S\)"):
+        model(torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="context_length=16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    with pytest.raises(ValueError, match="max 50"):
+        model(torch.tensor([[1, 50]]))
+    with pytest.raises(ValueError, match="targets"):
+        model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long))
+    caches = model.make_caches(1)
+    model(torch.zeros(1, 16, dtype=torch.long), caches=caches)
+    with pytest.raises(ValueError, match="16 cached"):
+        model(torch.zeros(1, 1, dtype=torch.long), caches=caches)
