@@ -1,0 +1,284 @@
+"""Training a language model: AdamW, warm-up + cosine schedule, clipping, checkpoints (chapter 03).
+
+The loop in :func:`train` fits on one screen; everything it calls is a small function here or
+in :mod:`course_lib.data`. One step::
+
+    x, y = get_batch(train_ids)            (B, S), (B, S): y is x shifted by one
+    loss = model(x, y)                     mean cross-entropy over B * S next tokens
+    loss.backward()                        gradients
+    clip_grad_norm_(params, grad_clip)     rescale so that ||g||_2 <= grad_clip
+    set lr = lr_at(step)                   warm-up, then cosine decay
+    optimizer.step()                       AdamW; decoupled weight decay on matrices only
+
+The learning-rate schedule (``lr_at``), for ``W = warmup_steps`` and ``T = max_steps``::
+
+    lr |      ____
+       |     /    `-.
+       |    /        `-.
+       |   /            `-._
+    min|  /                 `----
+       +--W-------------------T--> step
+
+Resuming is exact: a checkpoint holds the model, the optimizer's moments, the step, the
+history and the state of both random generators (the batch sampler's and torch's, which
+dropout uses), so 10 steps + resume + 10 steps gives bit-for-bit the losses of 20 steps.
+
+Device and precision come from :mod:`course_lib.device` (``config.device``,
+``config.precision``): the model and the data move to that device, and the forward pass runs
+under its bf16 autocast when the precision says so (no gradient scaler: bf16 has fp32's range).
+
+Left out: gradient accumulation, data-parallel training (``torchrun``/DDP), ``torch.compile``,
+mixed-precision fp16 with a gradient scaler, and early stopping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from .data import get_batch
+from .device import DEVICES, PRECISIONS, autocast, get_device
+
+__all__ = ["TrainConfig", "History", "lr_at", "make_optimizer", "evaluate", "train",
+           "save_checkpoint", "load_checkpoint", "plot_history"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train (chapter 03); the model's shape is :class:`course_lib.model.ModelConfig`.
+
+    Defaults train the default tiny GPT on a laptop CPU in about a minute. Change fields with
+    ``dataclasses.replace``.
+
+    >>> TrainConfig(max_steps=100, warmup_steps=10).lr
+    0.001
+    """
+
+    max_steps: int = 500                 # optimizer updates in all (the schedule ends here)
+    batch_size: int = 16                 # B windows per step
+    lr: float = 1e-3                     # peak learning rate, reached at the end of warm-up
+    min_lr: float = 1e-4                 # learning rate at max_steps (the cosine's floor)
+    warmup_steps: int = 50               # linear warm-up from 0 to lr over these steps
+    weight_decay: float = 0.1            # AdamW's decoupled decay, on matrices only (see make_optimizer)
+    betas: tuple[float, float] = (0.9, 0.95)  # AdamW's moment decay rates (GPT-3's 0.95 for beta2)
+    grad_clip: float | None = 1.0        # clip the global gradient L2 norm to this; None = no clipping
+    eval_every: int = 100                # evaluate on the validation set every this many steps
+    eval_batches: int = 10               # batches averaged per evaluation (same batches every time)
+    seed: int = 0                        # seeds the batch sampler, dropout and the evaluation batches
+    device: str = "auto"                 # course_lib.device.get_device: "auto", "cpu", "cuda[:N]", "mps"
+    precision: str = "auto"              # "auto" | "fp32" | "bf16" (bf16 autocast; opt-in on CPU)
+    checkpoint_path: str | None = None   # where to save (and resume from); None = never save
+    checkpoint_every: int | None = None  # also save every this many steps; None = only at the end
+
+    def __post_init__(self):
+        for name in ("max_steps", "batch_size", "eval_every", "eval_batches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"min_lr must be in [0, lr={self.lr}], got {self.min_lr!r}")
+        if not 0 <= self.warmup_steps <= self.max_steps:
+            raise ValueError(f"warmup_steps must be in [0, max_steps={self.max_steps}], "
+                             f"got {self.warmup_steps!r}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip!r}")
+        if self.device.split(":")[0] not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES} (or 'cuda:N'), got {self.device!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.checkpoint_every is not None:
+            if isinstance(self.checkpoint_every, bool) or self.checkpoint_every < 1:
+                raise ValueError(f"checkpoint_every must be >= 1 or None, got {self.checkpoint_every!r}")
+            if self.checkpoint_path is None:
+                raise ValueError(f"checkpoint_every={self.checkpoint_every} needs a checkpoint_path")
+
+
+@dataclass
+class History:
+    """What :func:`train` measured. Train lists have one entry per step; val lists one per
+    evaluation. ``steps[i]`` counts the updates made before ``train_loss[i]`` was measured
+    (so ``steps`` starts at 0), and ``val_loss[j]`` is the model after ``val_steps[j]``
+    updates; ``seconds[i]`` is the wall time since training began, summed over resumes."""
+
+    steps: list[int] = field(default_factory=list)
+    train_loss: list[float] = field(default_factory=list)
+    lr: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    val_steps: list[int] = field(default_factory=list)
+    val_loss: list[float] = field(default_factory=list)
+
+
+def lr_at(step: int, config: TrainConfig) -> float:
+    """The learning rate for update number ``step`` (0-based), drawn in the module docstring.
+
+    With ``W = warmup_steps``, ``T = max_steps``, ``p = min(1, (step - W) / max(1, T - W))``::
+
+        step <  W:  lr * step / W                                       (0 at step 0)
+        step >= W:  min_lr + (lr - min_lr) * (1 + cos(pi * p)) / 2     (lr at W, min_lr at T)
+
+    >>> c = TrainConfig(max_steps=110, warmup_steps=10, lr=1.0, min_lr=0.0)
+    >>> [round(lr_at(s, c), 3) for s in (0, 5, 10, 60, 110)]
+    [0.0, 0.5, 1.0, 0.5, 0.0]
+    """
+    W, T = config.warmup_steps, config.max_steps
+    if step < W:
+        return config.lr * step / W
+    progress = min(1.0, (step - W) / max(1, T - W))
+    return config.min_lr + (config.lr - config.min_lr) * (1 + math.cos(math.pi * progress)) / 2
+
+
+def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on every parameter with 2 or more dimensions (Linear weights and
+    the token/position embeddings, as nanoGPT and GPT-2 do: the tied embedding is also the
+    output matrix) and none on 1-D ones (biases, norm gains: decaying a gain towards 0 only
+    fights the norm). A tied matrix is one Parameter and is listed once."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, ids: torch.Tensor, config: TrainConfig) -> float:
+    """Mean loss of ``model`` over ``config.eval_batches`` batches of ``ids`` (chapter 03).
+
+    The batches come from a generator seeded with ``config.seed``, built afresh each call, so
+    every evaluation sees the same windows and the same model gives the same number. Runs in
+    eval mode (no dropout) on the model's device and restores the previous mode.
+    """
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(config.seed)
+    was_training = model.training
+    model.eval()
+    losses = []
+    for _ in range(config.eval_batches):
+        x, y = get_batch(ids, config.batch_size, model.config.context_length, generator=generator,
+                         device=device)
+        with autocast(device, config.precision):
+            losses.append(model(x, y)[1].float())
+    model.train(was_training)
+    return torch.stack(losses).mean().item()
+
+
+def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    step: int, history: History, generator: torch.Generator) -> None:
+    """Write everything :func:`train` needs to resume exactly (written to ``path.tmp`` first
+    and renamed, so a crash mid-save leaves the previous checkpoint intact)."""
+    state = {
+        "step": step,  # updates done, i.e. the next step to run
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "history": dataclasses.asdict(history),
+        "batch_rng": generator.get_state(),  # the batch sampler
+        "torch_rng": torch.get_rng_state(),  # dropout on the CPU
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        "model_config": dataclasses.asdict(model.config) if hasattr(model, "config") else None,
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    torch.save(state, f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict:
+    """The dict :func:`save_checkpoint` wrote, on the CPU (tensors only, ``weights_only``).
+    ``GPT(ModelConfig(**ckpt["model_config"])).load_state_dict(ckpt["model"])`` rebuilds the model."""
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _resume(config: TrainConfig, model, optimizer, generator) -> tuple[int, History]:
+    if config.checkpoint_path is None or not os.path.exists(config.checkpoint_path):
+        raise ValueError(f"resume=True needs an existing checkpoint_path, got {config.checkpoint_path!r}")
+    ckpt = load_checkpoint(config.checkpoint_path)
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])  # moves the moments to the parameters' device
+    generator.set_state(ckpt["batch_rng"])
+    torch.set_rng_state(ckpt["torch_rng"])
+    if ckpt["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
+    return ckpt["step"], History(**ckpt["history"])
+
+
+def train(model: nn.Module, train_ids: torch.Tensor, val_ids: torch.Tensor, config: TrainConfig, *,
+          resume: bool = False, progress: bool = True, stop_at: int | None = None) -> History:
+    """Train ``model`` (a :class:`course_lib.model.GPT`, or anything with ``.config.context_length``
+    and ``forward(x, y) -> (logits, loss)``) in place on windows of ``train_ids`` (chapter 03).
+
+    Evaluates on ``val_ids`` every ``eval_every`` steps and at the end; saves a checkpoint every
+    ``checkpoint_every`` steps and at the end when ``checkpoint_path`` is set. ``resume=True``
+    continues from ``checkpoint_path`` exactly where it stopped. ``stop_at`` ends the run after
+    that many updates (saving a checkpoint), as if interrupted, while the schedule still runs to
+    ``max_steps``: a notebook can train in several cells. Returns the :class:`History`.
+    """
+    device = get_device(config.device)
+    model.to(device)
+    train_ids, val_ids = train_ids.to(device), val_ids.to(device)
+    optimizer = make_optimizer(model, config)
+    batches = torch.Generator().manual_seed(config.seed)  # the sampler's own RNG, on the CPU
+    if resume:
+        start, history = _resume(config, model, optimizer, batches)
+    else:
+        start, history = 0, History()
+        torch.manual_seed(config.seed)  # dropout
+    end = config.max_steps if stop_at is None else min(stop_at, config.max_steps)
+    t0 = time.perf_counter() - (history.seconds[-1] if history.seconds else 0.0)
+    model.train()
+    bar = tqdm(range(start, end), initial=start, total=config.max_steps, desc="train", disable=not progress)
+    for step in bar:
+        if step % config.eval_every == 0:
+            history.val_steps.append(step)
+            history.val_loss.append(evaluate(model, val_ids, config))
+        lr = lr_at(step, config)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        x, y = get_batch(train_ids, config.batch_size, model.config.context_length, generator=batches)
+        with autocast(device, config.precision):
+            _, loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if config.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+
+        history.steps.append(step)
+        history.train_loss.append(loss.item())
+        history.lr.append(lr)
+        history.seconds.append(time.perf_counter() - t0)
+        bar.set_postfix(loss=f"{history.train_loss[-1]:.3f}",
+                        val=f"{history.val_loss[-1]:.3f}" if history.val_loss else "-")
+        done = step + 1
+        if config.checkpoint_every and done % config.checkpoint_every == 0 and done < end:
+            save_checkpoint(config.checkpoint_path, model, optimizer, done, history, batches)
+    if end == config.max_steps and (not history.val_steps or history.val_steps[-1] != end):
+        history.val_steps.append(end)  # the final model, always evaluated
+        history.val_loss.append(evaluate(model, val_ids, config))
+    if config.checkpoint_path is not None:
+        save_checkpoint(config.checkpoint_path, model, optimizer, end, history, batches)
+    return history
+
+
+def plot_history(history: History, ax=None):
+    """Train and validation loss against step on ``ax`` (a new figure if None); returns the
+    matplotlib Axes. The train curve is per batch (noisy), validation a mean over batches."""
+    import matplotlib.pyplot as plt  # here, not at import: importing course_lib draws nothing
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(history.steps, history.train_loss, label="train", alpha=0.7)
+    ax.plot(history.val_steps, history.val_loss, "o-", label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats per token)")
+    ax.legend()
+    return ax

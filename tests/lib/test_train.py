@@ -1,0 +1,217 @@
+"""Tests for course_lib.train.
+
+Hand formula for the schedule; training really lowers the loss on a text with an obvious
+pattern; clipping checked from inside the optimizer (a step pre-hook sees the gradients that
+AdamW is about to use); resuming from a checkpoint equals not stopping, bit for bit; the
+checkpoint rebuilds the model; bad configs name the bad field; the plot has two lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot is imported anywhere: no window, no display needed
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from torch.optim.optimizer import register_optimizer_step_pre_hook  # noqa: E402
+
+from course_lib import data as D  # noqa: E402
+from course_lib import model as M  # noqa: E402
+from course_lib import train as T  # noqa: E402
+
+TINY = M.ModelConfig(vocab_size=256, context_length=16, d_model=32, n_layers=1, n_heads=2)
+FAST = T.TrainConfig(max_steps=30, batch_size=8, lr=1e-2, min_lr=1e-3, warmup_steps=5, eval_every=10,
+                     eval_batches=2, device="cpu", precision="fp32")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one thread is faster than several (and far faster on a loaded machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def abc_ids():
+    """'abcabc...' as bytes: after one token the next is certain, so a model can learn it fast."""
+    return D.train_val_split(D.encode_corpus("abc" * 300))
+
+
+def _model(config: M.ModelConfig = TINY, seed: int = 0) -> M.GPT:
+    torch.manual_seed(seed)
+    return M.GPT(config)
+
+
+# --------------------------------------------------------------------------- schedule
+def _hand_lr(step, lr, min_lr, W, T_):
+    if step < W:
+        return lr * step / W
+    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * (step - W) / (T_ - W)))
+
+
+@pytest.mark.parametrize("step", [0, 1, 10, 19, 20, 60, 100, 119, 120])
+def test_lr_at_matches_the_hand_formula(step):
+    c = T.TrainConfig(max_steps=120, warmup_steps=20, lr=3e-3, min_lr=3e-4)
+    assert T.lr_at(step, c) == pytest.approx(_hand_lr(step, 3e-3, 3e-4, 20, 120), rel=1e-12, abs=1e-15)
+
+
+def test_lr_at_key_points():
+    c = T.TrainConfig(max_steps=120, warmup_steps=20, lr=3e-3, min_lr=3e-4)
+    assert T.lr_at(0, c) == 0.0
+    assert T.lr_at(20, c) == pytest.approx(3e-3)            # end of warm-up: the peak
+    assert T.lr_at(70, c) == pytest.approx((3e-3 + 3e-4) / 2)  # half-way through the cosine
+    assert T.lr_at(120, c) == pytest.approx(3e-4)           # the floor at max_steps
+    assert T.lr_at(500, c) == pytest.approx(3e-4)           # and after it
+    no_warmup = dataclasses.replace(c, warmup_steps=0)
+    assert T.lr_at(0, no_warmup) == pytest.approx(3e-3)
+    lrs = [T.lr_at(s, c) for s in range(121)]
+    assert all(a < b for a, b in zip(lrs[:20], lrs[1:21], strict=True))       # rising during warm-up
+    assert all(a >= b for a, b in zip(lrs[20:-1], lrs[21:], strict=True))       # never rising after
+
+
+# --------------------------------------------------------------------------- config
+@pytest.mark.parametrize("field, value", [
+    ("max_steps", 0), ("batch_size", -1), ("lr", 0.0), ("min_lr", 1.0), ("warmup_steps", 10_000),
+    ("weight_decay", -0.1), ("betas", (0.9, 1.0)), ("grad_clip", 0.0), ("eval_every", 0),
+    ("eval_batches", 0), ("device", "tpu"), ("precision", "fp16"), ("checkpoint_every", 5),
+])  # fmt: skip
+def test_bad_config_names_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        T.TrainConfig(**{field: value})
+
+
+def test_config_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        T.TrainConfig().lr = 1.0  # type: ignore[misc]
+
+
+# --------------------------------------------------------------------------- optimizer
+def test_weight_decay_on_matrices_only():
+    model = _model()
+    opt = T.make_optimizer(model, T.TrainConfig(weight_decay=0.1))
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    assert any(p is model.tok_emb.weight for p in decay["params"])          # tied embedding, once
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+# --------------------------------------------------------------------------- training
+def test_training_lowers_the_loss(abc_ids):
+    train_ids, val_ids = abc_ids
+    model = _model()
+    before = T.evaluate(model, val_ids, FAST)
+    history = T.train(model, train_ids, val_ids, FAST, progress=False)
+    assert before == pytest.approx(math.log(256), abs=0.3)   # a fresh model guesses uniformly
+    assert history.val_loss[0] == before                     # evaluation is deterministic
+    assert history.val_steps == [0, 10, 20, 30]
+    assert history.val_loss[-1] < 0.5 * before               # it learned the pattern
+    assert T.evaluate(model, val_ids, FAST) == history.val_loss[-1]
+    assert history.steps == list(range(30)) and len(history.train_loss) == len(history.lr) == 30
+    assert history.lr == [T.lr_at(s, FAST) for s in range(30)]
+    assert sum(history.train_loss[-5:]) < sum(history.train_loss[:5])
+    assert all(b >= a for a, b in zip(history.seconds[:-1], history.seconds[1:], strict=True))
+    assert model.training                                     # evaluate restored the mode
+
+
+def test_gradient_clipping_bounds_the_norm(abc_ids):
+    """A global optimizer pre-step hook measures the gradient AdamW is about to apply."""
+    train_ids, val_ids = abc_ids
+    clip = 0.05
+    norms: list[float] = []
+
+    def record(optimizer, args, kwargs):
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        norms.append(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item())
+
+    handle = register_optimizer_step_pre_hook(record)
+    try:
+        config = dataclasses.replace(FAST, max_steps=5, warmup_steps=2, grad_clip=clip)
+        T.train(_model(), train_ids, val_ids, config, progress=False)
+        clipped, norms[:] = list(norms), []
+        T.train(_model(), train_ids, val_ids, dataclasses.replace(config, grad_clip=None), progress=False)
+        unclipped = list(norms)
+    finally:
+        handle.remove()
+    assert len(clipped) == len(unclipped) == 5
+    assert max(unclipped) > clip                    # the bound matters for this model ...
+    assert max(clipped) <= clip * (1 + 1e-5)        # ... and holds with clipping on
+    assert clipped[0] == pytest.approx(clip, rel=1e-5)   # a large gradient is scaled to the bound
+
+
+def test_resume_gives_the_same_losses_as_not_stopping(abc_ids, tmp_path):
+    """20 steps straight vs 10, a fresh model object, resume, 10 more. Dropout is on, so the
+    torch RNG state must be restored too; checkpoint_every=3 adds mid-run saves."""
+    train_ids, val_ids = abc_ids
+    config = dataclasses.replace(TINY, dropout=0.1)
+    tc = dataclasses.replace(FAST, max_steps=20, eval_every=4, checkpoint_path=str(tmp_path / "a.pt"),
+                             checkpoint_every=3)
+    straight = _model(config)
+    h_straight = T.train(straight, train_ids, val_ids, tc, progress=False)
+
+    tc_b = dataclasses.replace(tc, checkpoint_path=str(tmp_path / "b.pt"))
+    T.train(_model(config), train_ids, val_ids, tc_b, progress=False, stop_at=10)
+    torch.manual_seed(123)  # whatever happens between the runs must not matter
+    resumed = _model(config, seed=99)  # different initial weights: all must come from the checkpoint
+    h_resumed = T.train(resumed, train_ids, val_ids, tc_b, resume=True, progress=False)
+
+    assert h_resumed.steps == h_straight.steps == list(range(20))
+    assert h_resumed.train_loss == h_straight.train_loss      # exact, atol 0
+    assert h_resumed.val_steps == h_straight.val_steps == [0, 4, 8, 12, 16, 20]
+    assert h_resumed.val_loss == h_straight.val_loss
+    assert h_resumed.lr == h_straight.lr
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_resume_needs_a_checkpoint(abc_ids, tmp_path):
+    train_ids, val_ids = abc_ids
+    for path in (None, str(tmp_path / "missing.pt")):
+        with pytest.raises(ValueError, match="checkpoint_path"):
+            T.train(_model(), train_ids, val_ids, dataclasses.replace(FAST, checkpoint_path=path),
+                    resume=True, progress=False)
+
+
+def test_checkpoint_loads_and_rebuilds_the_model(abc_ids, tmp_path):
+    train_ids, val_ids = abc_ids
+    path = tmp_path / "sub" / "ckpt.pt"
+    model = _model()
+    tc = dataclasses.replace(FAST, max_steps=6, eval_every=3, checkpoint_path=str(path))
+    history = T.train(model, train_ids, val_ids, tc, progress=False)
+    ckpt = T.load_checkpoint(path)
+    assert ckpt["step"] == 6 and ckpt["history"]["train_loss"] == history.train_loss
+    assert set(ckpt) >= {"model", "optimizer", "batch_rng", "torch_rng"}
+    rebuilt = M.GPT(M.ModelConfig(**ckpt["model_config"]))
+    rebuilt.load_state_dict(ckpt["model"])
+    assert T.evaluate(rebuilt, val_ids, tc) == history.val_loss[-1]
+    assert not (tmp_path / "sub" / "ckpt.pt.tmp").exists()
+
+
+def test_bf16_autocast_on_cpu_runs(abc_ids):
+    """The opt-in CPU bf16 path trains and keeps fp32 weights (autocast, not a cast)."""
+    train_ids, val_ids = abc_ids
+    model = _model()
+    tc = dataclasses.replace(FAST, max_steps=3, warmup_steps=1, eval_every=3, precision="bf16")
+    history = T.train(model, train_ids, val_ids, tc, progress=False)
+    assert all(math.isfinite(x) for x in history.train_loss + history.val_loss)
+    assert model.tok_emb.weight.dtype == torch.float32
+
+
+# --------------------------------------------------------------------------- plot
+def test_plot_history_draws_train_and_val():
+    import matplotlib.pyplot as plt
+
+    history = T.History(steps=[0, 1, 2], train_loss=[3.0, 2.0, 1.5], lr=[0.0, 1.0, 1.0],
+                        seconds=[0.1, 0.2, 0.3], val_steps=[0, 2], val_loss=[3.1, 1.6])
+    ax = T.plot_history(history)
+    assert isinstance(ax, matplotlib.axes.Axes) and len(ax.get_lines()) == 2
+    assert list(ax.get_lines()[1].get_xdata()) == [0, 2]
+    _, given = plt.subplots()
+    assert T.plot_history(history, ax=given) is given
+    plt.close("all")
