@@ -97,9 +97,9 @@ def stage(out: Path, chapters: list[str]) -> dict[str, float]:
     return timings
 
 
-def build(chapters: list[str] | None = None, out: Path | None = None) -> Path:
+def build(chapters: list[str] | None = None) -> Path:
     """Stage and build the book; returns the HTML folder (``_build/html``)."""
-    out = Path(out or config.root() / "_build")
+    out = config.root() / "_build"
     chapters = config.chapters() if chapters is None else chapters
     timings = stage(out, chapters)
     (out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
@@ -111,8 +111,5 @@ def build(chapters: list[str] | None = None, out: Path | None = None) -> Path:
         str(Path(sys.executable).parent / "jupyter-book"), "build", str(out / "stage"),
         "--path-output", str(out.parent), "-W", "-n", "--keep-going",
     ]
-    subprocess.run(cmd, check=True)
-    html = out / "html"
-    if out.name != "_build":  # jupyter-book always writes <path-output>/_build/html
-        shutil.move(str(out.parent / "_build" / "html"), html)
-    return html
+    subprocess.run(cmd, check=True)  # jupyter-book writes <path-output>/_build/html
+    return out / "html"

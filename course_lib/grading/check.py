@@ -46,7 +46,7 @@ def check(path: Path, timeout: int | None = None) -> list[Result]:
         allow_errors=True,
         resources={"metadata": {"path": str(path.parent)}},
     )
-    timed_out = set()
+    stopped = set()
     with client.setup_kernel():
         for index, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
@@ -54,15 +54,15 @@ def check(path: Path, timeout: int | None = None) -> list[Result]:
             try:
                 client.execute_cell(cell, index)
             except (CellTimeoutError, CellExecutionError, TimeoutError):
-                timed_out.add(index)
+                stopped.add(index)
             except DeadKernelError:  # the kernel died: the remaining cells cannot run
-                timed_out.update(range(index, len(nb.cells)))
+                stopped.update(range(index, len(nb.cells)))
                 break
     results = []
     for ex in exercises:
         sol_err = _error_of(nb.cells[ex.solution_cell])
         test_err = _error_of(nb.cells[ex.test_cell])
-        if ex.solution_cell in timed_out or ex.test_cell in timed_out:
+        if ex.solution_cell in stopped or ex.test_cell in stopped:
             results.append(Result(ex.name, "FAIL", f"a cell ran over {client.timeout} s or the kernel died"))
         elif "NotImplementedError" in (sol_err or ("",))[0] + (test_err or ("",))[0]:
             results.append(Result(ex.name, "TODO", "not answered yet"))
