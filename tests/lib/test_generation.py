@@ -22,15 +22,6 @@ ROPE = dataclasses.replace(TINY, positional="rope", norm="rmsnorm", mlp="swiglu"
 PROMPT = torch.tensor([[1, 2, 3], [4, 5, 6]])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one thread is faster than several (and far faster on a loaded machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _model(config: M.ModelConfig) -> M.GPT:
     torch.manual_seed(0)
     return M.GPT(config).eval()

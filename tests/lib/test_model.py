@@ -27,15 +27,6 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one thread is faster than several (and far faster on a loaded machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _model(config: M.ModelConfig, seed: int = 0) -> M.GPT:
     torch.manual_seed(seed)
     return M.GPT(config).eval()

@@ -16,15 +16,6 @@ SHAPES = [(8,), (3, 8), (2, 5, 8), (2, 3, 4, 16)]
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one thread is faster than several (and far faster on a loaded machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _pair(kind: str, D: int, dtype: torch.dtype, bias: bool = True):
     g = torch.Generator().manual_seed(D)
     if kind == "layernorm":

@@ -28,15 +28,6 @@ FAST = T.TrainConfig(max_steps=30, batch_size=8, lr=1e-2, min_lr=1e-3, warmup_st
                      eval_batches=2, device="cpu", precision="fp32")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one thread is faster than several (and far faster on a loaded machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def abc_ids():
     """'abcabc...' as bytes: after one token the next is certain, so a model can learn it fast."""
