@@ -39,15 +39,33 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, context_length
     return 2 * n_layers * batch_size * context_length * n_kv_heads * head_dim * bytes_per_element
 
 
-def _check_kv(cache, k: Tensor, v: Tensor) -> None:
-    expected = (cache.batch_size, cache.n_kv_heads, k.shape[-2] if k.dim() == 4 else -1, cache.head_dim)
-    if k.dim() != 4 or tuple(k.shape) != expected or k.shape != v.shape:
-        raise ValueError(f"{type(cache).__name__} expects k and v of shape (B={cache.batch_size}, "
-                         f"Hkv={cache.n_kv_heads}, S_new, Dh={cache.head_dim}), got "
-                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+class _Buffers:
+    """What both caches share: ``(B, Hkv, slots, Dh)`` buffers for k and v, a token count,
+    and the shape check of what is appended."""
+
+    def __init__(self, batch_size: int, n_kv_heads: int, head_dim: int, slots: int, slots_name: str,
+                 device, dtype: torch.dtype):
+        if min(batch_size, n_kv_heads, head_dim, slots) < 1:
+            raise ValueError(f"sizes must be >= 1, got batch_size={batch_size}, n_kv_heads={n_kv_heads}, "
+                             f"head_dim={head_dim}, {slots_name}={slots}")
+        self.batch_size, self.n_kv_heads, self.head_dim = batch_size, n_kv_heads, head_dim
+        self.k = torch.zeros(batch_size, n_kv_heads, slots, head_dim, device=device, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
+        self.length = 0
+
+    def _check(self, k: Tensor, v: Tensor) -> None:
+        expected = (self.batch_size, self.n_kv_heads, k.shape[-2] if k.dim() == 4 else -1, self.head_dim)
+        if k.dim() != 4 or tuple(k.shape) != expected or k.shape != v.shape:
+            raise ValueError(f"{type(self).__name__} expects k and v of shape (B={self.batch_size}, "
+                             f"Hkv={self.n_kv_heads}, S_new, Dh={self.head_dim}), got "
+                             f"{tuple(k.shape)} and {tuple(v.shape)}")
+
+    def reset(self) -> None:
+        """Forget everything (the buffers are reused)."""
+        self.length = 0
 
 
-class KVCache:
+class KVCache(_Buffers):
     """Preallocated cache of keys and values, ``(B, Hkv, capacity, Dh)`` each (chapter 02).
 
     >>> cache = KVCache(1, 2, 4, capacity=8)
@@ -58,18 +76,12 @@ class KVCache:
 
     def __init__(self, batch_size: int, n_kv_heads: int, head_dim: int, capacity: int, *,
                  device=None, dtype: torch.dtype = torch.float32):
-        if min(batch_size, n_kv_heads, head_dim, capacity) < 1:
-            raise ValueError(f"sizes must be >= 1, got batch_size={batch_size}, n_kv_heads={n_kv_heads}, "
-                             f"head_dim={head_dim}, capacity={capacity}")
-        self.batch_size, self.n_kv_heads, self.head_dim = batch_size, n_kv_heads, head_dim
+        super().__init__(batch_size, n_kv_heads, head_dim, capacity, "capacity", device, dtype)
         self.capacity = capacity
-        self.k = torch.zeros(batch_size, n_kv_heads, capacity, head_dim, device=device, dtype=dtype)
-        self.v = torch.zeros_like(self.k)
-        self.length = 0
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append ``(B, Hkv, S_new, Dh)`` keys and values; return all cached ``(B, Hkv, length, Dh)``."""
-        _check_kv(self, k, v)
+        self._check(k, v)
         end = self.length + k.shape[-2]
         if end > self.capacity:
             raise ValueError(f"KVCache of capacity {self.capacity} cannot hold {end} positions "
@@ -79,12 +91,8 @@ class KVCache:
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]  # (B, Hkv, length, Dh) views
 
-    def reset(self) -> None:
-        """Forget everything (the buffers are reused)."""
-        self.length = 0
 
-
-class RollingKVCache:
+class RollingKVCache(_Buffers):
     """Cache for sliding-window attention that keeps only the last ``window`` keys and values.
 
     ``length`` counts every token seen; the buffers stay ``(B, Hkv, window, Dh)``. ``update``
@@ -110,14 +118,8 @@ class RollingKVCache:
 
     def __init__(self, batch_size: int, n_kv_heads: int, head_dim: int, window: int, *,
                  device=None, dtype: torch.dtype = torch.float32):
-        if min(batch_size, n_kv_heads, head_dim, window) < 1:
-            raise ValueError(f"sizes must be >= 1, got batch_size={batch_size}, n_kv_heads={n_kv_heads}, "
-                             f"head_dim={head_dim}, window={window}")
-        self.batch_size, self.n_kv_heads, self.head_dim = batch_size, n_kv_heads, head_dim
+        super().__init__(batch_size, n_kv_heads, head_dim, window, "window", device, dtype)
         self.window = window
-        self.k = torch.zeros(batch_size, n_kv_heads, window, head_dim, device=device, dtype=dtype)
-        self.v = torch.zeros_like(self.k)
-        self.length = 0
 
     @property
     def kept(self) -> int:
@@ -126,7 +128,7 @@ class RollingKVCache:
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append ``(B, Hkv, S_new, Dh)``; return ``(B, Hkv, min(length_before, window - 1) + S_new, Dh)``."""
-        _check_kv(self, k, v)
+        self._check(k, v)
         n_past = min(self.kept, self.window - 1)
         past = slice(self.kept - n_past, self.kept)
         k_all = torch.cat([self.k[:, :, past], k.to(self.k.dtype)], dim=2)  # -> (B, Hkv, n_past + S_new, Dh)
@@ -136,7 +138,3 @@ class RollingKVCache:
         self.k[:, :, :n_keep] = k_all[:, :, -n_keep:]  # the last `window` positions, oldest first
         self.v[:, :, :n_keep] = v_all[:, :, -n_keep:]
         return k_all, v_all
-
-    def reset(self) -> None:
-        """Forget everything (the buffers are reused)."""
-        self.length = 0
