@@ -13,7 +13,7 @@ CHAPTER ?= all
 GRADING ?= grading
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install book test test-fast release collect grade export formgrader mutants check lab bench lint constraints clean
+.PHONY: help install book test test-fast release collect grade export formgrader mutants check lab bench checkpoint lint constraints clean
 
 help:
 	@echo "make book      build the HTML book into _build/html (executes every solution once)"
@@ -27,6 +27,7 @@ help:
 	@echo "make check     self-check a notebook: make check NB=notebooks/01_tokenization/01_tokenization.ipynb"
 	@echo "make lab       open JupyterLab on the student notebooks"
 	@echo "make bench     run the benchmarks (not part of the tests)"
+	@echo "make checkpoint  retrain the shipped Shakespeare model (course_lib/checkpoints, ~10 min on a CPU)"
 
 # torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml constraints.txt
@@ -79,6 +80,12 @@ lab: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_bpe.py
+	$(PY) benchmarks/bench_attention.py
+	$(PY) benchmarks/bench_model.py
+
+# The small trained model that later chapters load (course_lib.pretrained); the full recipe.
+checkpoint: $(STAMP)
+	$(PY) -m course_lib.pretrained build
 
 lint: $(STAMP)
 	$(BIN)/ruff check course_lib tests benchmarks

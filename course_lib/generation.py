@@ -17,8 +17,17 @@ step. The two give the same tokens for the same ``torch.Generator`` seed. When t
 outgrows ``context_length``, both continue on the last ``context_length`` tokens without a
 cache (the learned positions would otherwise run out).
 
-Left out: batched prompts of different lengths (left padding with an attention mask),
-repetition penalties, min-p, speculative decoding, and a KV cache in beam search.
+Prompts of different lengths share a batch by **left padding** (:func:`left_pad`): every
+prompt ends in the last column, so each row's next token is read from ``logits[:, -1]`` and
+new tokens append in one column for all rows. The ``padding_mask`` (True = real) travels
+with the batch and grows by one True per new token; the model gives pads no attention and
+numbers each row's positions from its first real token::
+
+    idx            padding_mask      positions
+    . . 5 6 7  ->  0 0 1 1 1         0 0 0 1 2      (. = pad_id)
+    8 9 4 3 2      1 1 1 1 1         0 1 2 3 4
+
+Left out: repetition penalties, min-p, speculative decoding, and a KV cache in beam search.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["top_k_filter", "top_p_filter", "sample_next", "generate", "beam_search"]
+__all__ = ["top_k_filter", "top_p_filter", "sample_next", "left_pad", "generate", "beam_search"]
 
 
 def top_k_filter(logits: Tensor, k: int | None) -> Tensor:
@@ -93,6 +102,37 @@ def sample_next(logits: Tensor, temperature: float = 1.0, top_k: int | None = No
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B, 1) -> (B,)
 
 
+def left_pad(prompts, pad_id: int = 0) -> tuple[Tensor, Tensor]:
+    """Stack prompts of different lengths, padded on the left -> ``(idx, padding_mask)``.
+
+    ``prompts``: a list of 1-D long tensors or lists of ints. Returns ``idx (B, S)`` long and
+    ``padding_mask (B, S)`` bool, True at real tokens, with ``S`` the longest prompt's length.
+    ``pad_id`` only has to be a valid token id: the model never attends to pads.
+
+    >>> idx, mask = left_pad([[5, 6, 7], [8]])
+    >>> idx
+    tensor([[5, 6, 7],
+            [0, 0, 8]])
+    >>> mask
+    tensor([[ True,  True,  True],
+            [False, False,  True]])
+    """
+    if len(prompts) == 0:
+        raise ValueError("left_pad needs at least one prompt, got an empty list")
+    rows = [torch.as_tensor(p, dtype=torch.long) for p in prompts]
+    bad = [i for i, r in enumerate(rows) if r.dim() != 1 or r.numel() == 0]
+    if bad:
+        raise ValueError(f"every prompt must be a non-empty 1-D sequence of token ids; prompts {bad} "
+                         f"are not (shapes {[tuple(rows[i].shape) for i in bad]})")
+    B, S = len(rows), max(len(r) for r in rows)
+    idx = torch.full((B, S), pad_id, dtype=torch.long, device=rows[0].device)
+    padding_mask = torch.zeros(B, S, dtype=torch.bool, device=rows[0].device)
+    for b, r in enumerate(rows):
+        idx[b, S - len(r):] = r  # right-aligned: every prompt ends in the last column
+        padding_mask[b, S - len(r):] = True
+    return idx, padding_mask
+
+
 def _check_prompt(idx: Tensor, max_new_tokens: int) -> None:
     if not isinstance(idx, Tensor) or idx.dim() != 2 or idx.dtype != torch.long or idx.shape[1] < 1:
         raise ValueError(f"idx must be a non-empty (B, S) long tensor, got "
@@ -101,21 +141,43 @@ def _check_prompt(idx: Tensor, max_new_tokens: int) -> None:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
 
 
+def _check_padding_mask(idx: Tensor, padding_mask: Tensor) -> None:
+    if not (isinstance(padding_mask, Tensor) and padding_mask.dtype == torch.bool
+            and padding_mask.shape == idx.shape):
+        got = (f"shape {tuple(padding_mask.shape)}, dtype {padding_mask.dtype}"
+               if isinstance(padding_mask, Tensor) else type(padding_mask))
+        raise ValueError(f"padding_mask must be a bool tensor of idx's shape {tuple(idx.shape)} "
+                         f"(True = real token), got {got}")
+    if not bool(padding_mask[:, -1].all()):
+        raise ValueError("padding_mask must be True in the last column: pad prompts on the left "
+                         "(left_pad), so that every prompt ends where generation continues")
+
+
+def _padding_kw(padding_mask: Tensor | None, start: int = 0) -> dict:
+    """``{}`` without a mask, so that models with no ``padding_mask`` keyword keep working."""
+    return {} if padding_mask is None else {"padding_mask": padding_mask[:, start:]}
+
+
 @torch.no_grad()
 def generate(model, idx: Tensor, max_new_tokens: int, *, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, greedy: bool = False,
-             stop_tokens=None, use_cache: bool = True,
-             generator: torch.Generator | None = None) -> Tensor:
+             stop_tokens=None, use_cache: bool = True, generator: torch.Generator | None = None,
+             padding_mask: Tensor | None = None) -> Tensor:
     """Extend every prompt in ``idx (B, S)`` by up to ``max_new_tokens`` tokens -> ``(B, S + n)``.
 
     Once a row emits a token from ``stop_tokens``, it is padded with that same token; the loop
-    ends early when every row has stopped (so ``n <= max_new_tokens``). All rows share one
-    prompt length (no padding masks). The model runs in eval mode and is put back as it was.
+    ends early when every row has stopped (so ``n <= max_new_tokens``). Prompts of different
+    lengths come left-padded with their ``padding_mask (B, S)`` (from :func:`left_pad`); the
+    model must then take a ``padding_mask`` keyword, as :class:`course_lib.model.GPT` does. The
+    pads stay in the result: row ``b`` without them is ``out[b, int((~padding_mask[b]).sum()):]``.
+    The model runs in eval mode and is put back as it was.
     """
     _check_prompt(idx, max_new_tokens)
+    if padding_mask is not None:
+        _check_padding_mask(idx, padding_mask)
     C = model.config.context_length
     stops = torch.tensor(sorted(set(stop_tokens or ())), dtype=torch.long, device=idx.device)
-    pad = torch.full((idx.shape[0],), -1, dtype=torch.long, device=idx.device)  # -1: still running
+    stopped = torch.full((idx.shape[0],), -1, dtype=torch.long, device=idx.device)  # -1: still running
     caches = model.make_caches(idx.shape[0]) if use_cache else None
     was_training = model.training
     model.eval()
@@ -124,16 +186,20 @@ def generate(model, idx: Tensor, max_new_tokens: int, *, temperature: float = 1.
             n_new = idx.shape[1] - (caches[0].length if caches else 0)
             if caches is not None and caches[0].length + n_new > C:
                 caches = None  # out of positions: continue on a sliding window, no cache
-            if caches is not None:
-                logits, _ = model(idx[:, -n_new:], caches=caches)  # (B, n_new) -> (B, n_new, V)
-            else:
-                logits, _ = model(idx[:, -C:])  # (B, min(S, C)) -> (B, min(S, C), V)
+            if caches is not None:  # the mask covers every key: cached and new
+                kw = _padding_kw(padding_mask)
+                logits, _ = model(idx[:, -n_new:], caches=caches, **kw)  # (B, n_new) -> (B, n_new, V)
+            else:  # the window's mask is the mask's window
+                kw = _padding_kw(padding_mask, -C)
+                logits, _ = model(idx[:, -C:], **kw)  # (B, min(S, C)) -> (B, min(S, C), V)
             nxt = sample_next(logits[:, -1], temperature, top_k, top_p, greedy, generator)  # (B,)
-            nxt = torch.where(pad >= 0, pad, nxt)  # stopped rows repeat their stop token
+            nxt = torch.where(stopped >= 0, stopped, nxt)  # stopped rows repeat their stop token
             idx = torch.cat([idx, nxt[:, None]], dim=1)  # (B, S) -> (B, S + 1)
+            if padding_mask is not None:  # new tokens are real
+                padding_mask = torch.cat([padding_mask, padding_mask.new_ones(idx.shape[0], 1)], dim=1)
             if stops.numel():
-                pad = torch.where((pad < 0) & torch.isin(nxt, stops), nxt, pad)
-                if bool((pad >= 0).all()):
+                stopped = torch.where((stopped < 0) & torch.isin(nxt, stops), nxt, stopped)
+                if bool((stopped >= 0).all()):
                     break
     finally:
         model.train(was_training)

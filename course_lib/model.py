@@ -32,8 +32,15 @@ RMSNorm, SwiGLU, GQA, no biases, untied; :func:`from_hf_llama`). Attention is
 :class:`course_lib.attention.MultiHeadAttention`, positions come from
 :mod:`course_lib.positional`, norms from :mod:`course_lib.norms`.
 
-Left out here: encoder-only and encoder-decoder variants, padding masks for batched prompts
-of different lengths, MoE (chapter 07), weight-init scaling of residual projections by
+The same blocks make the other two families of deck 2: :class:`MaskedLM` is encoder-only
+(no causal mask, trained on hidden tokens chosen by :func:`mask_tokens`, as BERT), and
+:class:`EncoderDecoder` adds a causal decoder whose :class:`DecoderBlock` cross-attends to the
+encoder's output (as the original transformer and T5).
+
+Batched prompts of different lengths are left-padded (:func:`course_lib.generation.left_pad`)
+and come with a ``padding_mask``: pads get no attention and do not count as positions.
+
+Left out here: MoE (chapter 07), weight-init scaling of residual projections by
 ``1/sqrt(2L)``, and sliding-window layers.
 """
 
@@ -51,7 +58,8 @@ from . import attention
 from .norms import make_norm
 from .positional import LearnedPositional, RotaryEmbedding, sinusoidal
 
-__all__ = ["ModelConfig", "MLP", "Block", "GPT", "from_hf_gpt2", "from_hf_llama"]
+__all__ = ["ModelConfig", "MLP", "Block", "GPT", "Encoder", "MaskedLM", "mask_tokens", "DecoderBlock",
+           "EncoderDecoder", "from_hf_gpt2", "from_hf_llama"]
 
 
 @dataclass(frozen=True)
@@ -153,7 +161,7 @@ class Block(nn.Module):
     """Attention + MLP, each wrapped in a residual connection and a norm (chapter 03).
 
     Pre- or post-norm as drawn in the module docstring. ``forward(x, *, mask=None, cache=None,
-    rotary=None)`` with x ``(B, S, D)``; the keywords go to the attention layer.
+    rotary=None, positions=None)`` with x ``(B, S, D)``; the keywords go to the attention layer.
     """
 
     def __init__(self, config: ModelConfig):
@@ -167,22 +175,29 @@ class Block(nn.Module):
         self.mlp_norm = make_norm(config.norm, config.d_model, eps=config.norm_eps, bias=config.bias)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, *, mask: Tensor | None = None, cache=None, rotary=None) -> Tensor:
+    def forward(self, x: Tensor, *, mask: Tensor | None = None, cache=None, rotary=None,
+                positions: Tensor | None = None) -> Tensor:
+        kw = dict(mask=mask, cache=cache, rotary=rotary, positions=positions)
         if self.pre_norm:
-            x = x + self.drop(self.attn(self.attn_norm(x), mask=mask, cache=cache, rotary=rotary))
+            x = x + self.drop(self.attn(self.attn_norm(x), **kw))
             return x + self.drop(self.mlp(self.mlp_norm(x)))
-        x = self.attn_norm(x + self.drop(self.attn(x, mask=mask, cache=cache, rotary=rotary)))
+        x = self.attn_norm(x + self.drop(self.attn(x, **kw)))
         return self.mlp_norm(x + self.drop(self.mlp(x)))
 
 
 class GPT(nn.Module):
     """Decoder-only language model (chapter 03).
 
-    ``forward(idx (B, S) long, targets=None, *, caches=None) -> (logits (B, S, V), loss)``;
-    ``loss`` is the cross-entropy averaged over target tokens (``-100`` = ignore), or None.
+    ``forward(idx (B, S) long, targets=None, *, caches=None, padding_mask=None) -> (logits (B, S, V),
+    loss)``; ``loss`` is the cross-entropy averaged over target tokens (``-100`` = ignore), or None.
     Attention is always causal. With ``caches`` (one :class:`course_lib.attention.KVCache` per
     layer, from :meth:`make_caches`) ``idx`` holds only the *new* tokens, and their positions
     continue from the caches' length.
+
+    ``padding_mask``: bool ``(B, Sk)``, True = real token, over *every* key so far (``Sk`` =
+    cached + new; ``S`` without caches). A token's position is then the number of real tokens
+    before it in its row, and no query attends to a pad, so a left-padded prompt gets the
+    logits it would get alone; the logits at pad positions are garbage.
 
     >>> model = GPT(ModelConfig(vocab_size=10, context_length=8, d_model=16, n_heads=2))
     >>> logits, loss = model(torch.tensor([[1, 2, 3]]), torch.tensor([[2, 3, 4]]))
@@ -238,7 +253,8 @@ class GPT(nn.Module):
                                   device=device or p.device, dtype=dtype or p.dtype)
                 for _ in range(c.n_layers)]
 
-    def _check(self, idx: Tensor, targets: Tensor | None, start: int) -> None:
+    def _check(self, idx: Tensor, targets: Tensor | None, start: int,
+               padding_mask: Tensor | None = None) -> None:
         c = self.config
         if not isinstance(idx, Tensor) or idx.dim() != 2 or idx.dtype != torch.long:
             got = f"shape {tuple(idx.shape)}, dtype {idx.dtype}" if isinstance(idx, Tensor) else type(idx)
@@ -251,26 +267,382 @@ class GPT(nn.Module):
                              f"got min {int(idx.min())}, max {int(idx.max())}")
         if targets is not None and targets.shape != idx.shape:
             raise ValueError(f"targets must have idx's shape {tuple(idx.shape)}, got {tuple(targets.shape)}")
+        if padding_mask is None:
+            return
+        B, Sk = idx.shape[0], start + idx.shape[1]
+        if not (isinstance(padding_mask, Tensor) and padding_mask.dtype == torch.bool
+                and tuple(padding_mask.shape) == (B, Sk)):
+            got = (f"shape {tuple(padding_mask.shape)}, dtype {padding_mask.dtype}"
+                   if isinstance(padding_mask, Tensor) else type(padding_mask))
+            raise ValueError(f"padding_mask must be a bool (B, Sk) = ({B}, {Sk}) tensor over every key "
+                             f"({start} cached + {idx.shape[1]} new), True = real token; got {got}")
+        empty = (~padding_mask.any(-1)).nonzero().flatten().tolist()
+        if empty:
+            raise ValueError(f"padding_mask rows {empty} have no real token (all False)")
+
+    @staticmethod
+    def _padded_positions_and_mask(padding_mask: Tensor, S: int) -> tuple[Tensor, Tensor]:
+        """Per-row positions ``(B, S)`` and attention mask ``(B, 1, S, Sk)`` of the last S of Sk keys::
+
+            padding_mask   . . x x x        (. pad, x real; a left-padded prompt of 3)
+            positions      0 0 0 1 2        real tokens before each one (pads clamped to 0)
+        """
+        Sk, device = padding_mask.shape[1], padding_mask.device
+        positions = (padding_mask.cumsum(-1) - 1).clamp(min=0)[:, -S:]  # (B, Sk) -> (B, S)
+        # A pad before the first real token has no real key to see: an all-masked row, 0/0 in
+        # the softmax. scaled_dot_product_attention would zero such rows, at the price of a
+        # check and a fix on every call; instead every query may see itself, so no row is empty.
+        # A real query's own key is real, so it still never sees a pad; pads' outputs are unused.
+        q_pos, k_pos = torch.arange(Sk - S, Sk, device=device), torch.arange(Sk, device=device)
+        itself = q_pos[:, None] == k_pos  # (S, 1) == (Sk,) -> (S, Sk)
+        keys = padding_mask[:, None, None, :] | itself  # (B, 1, 1, Sk) | (S, Sk) -> (B, 1, S, Sk)
+        return positions, attention.causal_mask(S, Sk, device=device) & keys  # (B, 1, S, Sk)
 
     def forward(self, idx: Tensor, targets: Tensor | None = None, *,
-                caches: list[attention.KVCache] | None = None) -> tuple[Tensor, Tensor | None]:
+                caches: list[attention.KVCache] | None = None,
+                padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         if caches is not None and len(caches) != self.config.n_layers:
             raise ValueError(f"need one cache per layer ({self.config.n_layers}), got {len(caches)}")
         start = caches[0].length if caches else 0
-        self._check(idx, targets, start)
+        self._check(idx, targets, start, padding_mask)
         S = idx.shape[1]
-        positions = torch.arange(start, start + S, device=idx.device)  # (S,) absolute positions
+        if padding_mask is None:
+            positions = torch.arange(start, start + S, device=idx.device)  # (S,) absolute positions
+            # with caches MultiHeadAttention builds causal_mask(S, Sk) itself
+            mask = attention.causal_mask(S, device=idx.device) if caches is None else None  # (S, S)
+        else:
+            positions, mask = self._padded_positions_and_mask(padding_mask, S)  # (B, S), (B, 1, S, Sk)
+        x = self.tok_emb(idx)  # (B, S) -> (B, S, D)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(positions)  # (B, S, D) + (S, D) or (B, S, D)
+        elif self.pos_table is not None:
+            x = x + self.pos_table[positions].to(x.dtype)  # (B, S, D) + (S, D) or (B, S, D)
+        x = self.drop(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask=mask, cache=None if caches is None else caches[i], rotary=self.rotary,
+                      positions=positions)
+        logits = self.lm_head(self.norm_f(x))  # (B, S, D) -> (B, S, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+        return logits, loss
+
+
+# --------------------------------------------------------------------------- encoder-only, encoder-decoder
+def _check_ids(name: str, idx, config: ModelConfig) -> None:
+    """GPT's checks on token ids, for the models below: ``(B, S)`` long, ``S <= context_length``,
+    ids in ``0 .. V - 1``."""
+    if not isinstance(idx, Tensor) or idx.dim() != 2 or idx.dtype != torch.long:
+        got = f"shape {tuple(idx.shape)}, dtype {idx.dtype}" if isinstance(idx, Tensor) else type(idx)
+        raise ValueError(f"{name} must be a (B, S) tensor of dtype torch.long, got {got}")
+    if idx.shape[1] > config.context_length:
+        raise ValueError(f"{name} has {idx.shape[1]} positions, more than context_length="
+                         f"{config.context_length}")
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= config.vocab_size):
+        raise ValueError(f"{name}'s token ids must lie in 0 .. {config.vocab_size - 1} (vocab_size="
+                         f"{config.vocab_size}), got min {int(idx.min())}, max {int(idx.max())}")
+
+
+def _key_padding_mask(padding_mask: Tensor | None, B: int, Sk: int, name: str) -> Tensor | None:
+    """``(B, Sk)`` bool, True = real token -> the attention mask ``(B, 1, 1, Sk)``: every query
+    (and every head) may attend to the real keys only."""
+    if padding_mask is None:
+        return None
+    if (not isinstance(padding_mask, Tensor) or padding_mask.dtype != torch.bool
+            or tuple(padding_mask.shape) != (B, Sk)):
+        got = (f"shape {tuple(padding_mask.shape)}, dtype {padding_mask.dtype}"
+               if isinstance(padding_mask, Tensor) else type(padding_mask))
+        raise ValueError(f"{name} must be a (B, Sk) = ({B}, {Sk}) bool tensor (True = real token), got {got}")
+    return padding_mask[:, None, None, :]  # (B, Sk) -> (B, 1, 1, Sk)
+
+
+class _Embeddings(nn.Module):
+    """Token embedding + absolute positions (learned or sinusoidal, per config) + dropout,
+    ``(B, S) -> (B, S, D)``: GPT's first lines, for the models below. RoPE is not here: it
+    turns q and k inside self-attention, so each stack holds its own ``rotary``."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        c = config
+        self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
+        self.pos_emb = LearnedPositional(c.context_length, c.d_model) if c.positional == "learned" else None
+        if c.positional == "sinusoidal":  # fixed table; not saved, rebuilt from the config
+            self.register_buffer("pos_table", sinusoidal(c.context_length, c.d_model), persistent=False)
+        else:
+            self.pos_table = None
+        self.drop = nn.Dropout(c.dropout)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        positions = torch.arange(idx.shape[1], device=idx.device)  # (S,) positions 0 .. S - 1
         x = self.tok_emb(idx)  # (B, S) -> (B, S, D)
         if self.pos_emb is not None:
             x = x + self.pos_emb(positions)  # (B, S, D) + (S, D)
         elif self.pos_table is not None:
             x = x + self.pos_table[positions].to(x.dtype)  # (B, S, D) + (S, D)
-        x = self.drop(x)
-        # with caches MultiHeadAttention builds causal_mask(S, Sk) itself
-        mask = attention.causal_mask(S, device=idx.device) if caches is None else None  # (S, S)
-        for i, block in enumerate(self.blocks):
-            x = block(x, mask=mask, cache=None if caches is None else caches[i], rotary=self.rotary)
-        logits = self.lm_head(self.norm_f(x))  # (B, S, D) -> (B, S, V)
+        return self.drop(x)
+
+
+class Encoder(nn.Module):
+    """``L`` :class:`Block`-s with a bidirectional mask, then a final norm (chapter 03).
+
+    ``forward(x (B, S, D), *, padding_mask=None) -> (B, S, D)``, x already embedded.
+    ``padding_mask`` ``(B, S)`` bool, True = real token, hides the padded keys from every
+    query. The three families are the same blocks under different masks; rows are queries,
+    columns keys, ``x`` = may attend, the last of S = 4 positions is padding::
+
+        decoder-only (GPT)    encoder-only (BERT)    encoder-decoder (T5), decoder side
+        causal                bidirectional + pad    self: causal     cross: source + pad
+        x . . .               x x x .                x . . .          x x x .
+        x x . .               x x x .                x x . .          x x x .
+        x x x .               x x x .                x x x .          x x x .
+        x x x x               x x x .                x x x x          x x x .
+
+    A final norm only for pre-norm (post-norm blocks already end in one), as in :class:`GPT`.
+
+    >>> enc = Encoder(ModelConfig(d_model=16, n_heads=2))
+    >>> enc(torch.randn(2, 5, 16), padding_mask=torch.tensor([[True] * 5, [True] * 3 + [False] * 2])).shape
+    torch.Size([2, 5, 16])
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        c = config
+        self.rotary = RotaryEmbedding(c.head_dim, c.rope_base) if c.positional == "rope" else None
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
+        self.norm_f = (make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
+                       if c.norm_position == "pre" else nn.Identity())
+
+    def forward(self, x: Tensor, *, padding_mask: Tensor | None = None) -> Tensor:
+        if not isinstance(x, Tensor) or x.dim() != 3:
+            raise ValueError(f"x must be an embedded (B, S, D) tensor, got "
+                             f"{tuple(x.shape) if isinstance(x, Tensor) else type(x)}")
+        mask = _key_padding_mask(padding_mask, x.shape[0], x.shape[1], "padding_mask")  # (B, 1, 1, S)
+        for block in self.blocks:  # no causal mask: position i sees positions after i too
+            x = block(x, mask=mask, rotary=self.rotary)
+        return self.norm_f(x)
+
+
+class MaskedLM(nn.Module):
+    """Encoder-only model trained to fill in masked tokens: BERT (Devlin et al., 2019) (chapter 03).
+
+    ``forward(idx (B, S) long, targets=None, *, padding_mask=None) -> (logits (B, S, V), loss)``.
+    Embedding and positions as in :class:`GPT`, then an :class:`Encoder`: no causal mask, so
+    the logits at position i use the tokens after i as well. It cannot generate left to right,
+    but it can fill a gap from both sides. ``targets`` hold the original token where the input
+    was corrupted and ``-100`` elsewhere (see :func:`mask_tokens`); ``loss`` is the
+    cross-entropy over those positions only (NaN if there are none). ``padding_mask``
+    ``(B, S)`` bool, True = real token: padded keys are hidden from every query; the logits at
+    padded positions are computed but meaningless (give them target ``-100``). Pad on the
+    right: positions count from the row's first token, so then the real tokens get the logits
+    they would get alone (GPT's left padding renumbers them instead). ``encode(idx,
+    padding_mask=None)`` returns the final hidden states ``(B, S, D)``, before the head.
+
+    Left out from BERT: segment embeddings and next-sentence prediction, the [CLS] pooler, and
+    the head's extra dense + GELU + norm before the (tied) output matrix.
+
+    >>> model = MaskedLM(ModelConfig(vocab_size=10, context_length=8, d_model=16, n_heads=2))
+    >>> logits, loss = model(torch.tensor([[5, 1, 7, 0]]), torch.tensor([[-100, 6, -100, -100]]),
+    ...                      padding_mask=torch.tensor([[True, True, True, False]]))
+    >>> tuple(logits.shape), loss.shape
+    ((1, 4, 10), torch.Size([]))
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = c = config
+        self.embed = _Embeddings(c)
+        self.encoder = Encoder(c)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.apply(GPT._init_weights)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.embed.tok_emb.weight
+
+    def encode(self, idx: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        _check_ids("idx", idx, self.config)
+        return self.encoder(self.embed(idx), padding_mask=padding_mask)  # (B, S) -> (B, S, D)
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None, *,
+                padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        _check_ids("idx", idx, self.config)
+        if targets is not None and (not isinstance(targets, Tensor) or targets.shape != idx.shape):
+            got = tuple(targets.shape) if isinstance(targets, Tensor) else type(targets)
+            raise ValueError(f"targets must have idx's shape {tuple(idx.shape)}, got {got}")
+        h = self.encoder(self.embed(idx), padding_mask=padding_mask)  # (B, S) -> (B, S, D)
+        logits = self.lm_head(h)  # (B, S, D) -> (B, S, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+        return logits, loss
+
+
+def mask_tokens(ids: Tensor, mask_id: int, *, p: float = 0.15, vocab_size: int,
+                generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """BERT's corruption for masked-LM training (Devlin et al., 2019): ``(inputs, targets)``.
+
+    Each position is chosen independently with probability ``p``. A chosen token becomes
+    ``mask_id`` with probability 0.8, a token drawn uniformly from ``0 .. vocab_size - 1`` with
+    0.1 (it may be the same token, or a special one, as in BERT's code), and stays as it is
+    with 0.1, so the model cannot learn that only [MASK] positions matter. ``targets`` is the
+    original id at chosen positions and ``-100`` (ignored by the loss) elsewhere. Exactly
+    Bernoulli: a short row may get no chosen position, and a batch with none gives a NaN loss;
+    padding is chosen like any token (give it target ``-100`` afterwards if it should not count).
+    ``ids`` is ``(..., S)`` long; ``generator``, if given, lives on ``ids``' device.
+
+    >>> g = torch.Generator().manual_seed(0)
+    >>> ids = torch.randint(5, 100, (64, 128), generator=g)
+    >>> inputs, targets = mask_tokens(ids, mask_id=4, vocab_size=100, generator=g)
+    >>> chosen = targets != -100
+    >>> round(chosen.float().mean().item(), 2), round((inputs[chosen] == 4).float().mean().item(), 1)
+    (0.15, 0.8)
+    >>> torch.equal(inputs[~chosen], ids[~chosen]), torch.equal(targets[chosen], ids[chosen])
+    (True, True)
+    """
+    if not isinstance(ids, Tensor) or ids.dtype != torch.long:
+        got = f"dtype {ids.dtype}" if isinstance(ids, Tensor) else type(ids)
+        raise ValueError(f"ids must be a tensor of dtype torch.long, got {got}")
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"p must be in (0, 1], got {p}")
+    if not 0 <= mask_id < vocab_size:
+        raise ValueError(f"mask_id must lie in 0 .. {vocab_size - 1} (vocab_size={vocab_size}), "
+                         f"got {mask_id}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(f"ids must lie in 0 .. {vocab_size - 1} (vocab_size={vocab_size}), "
+                         f"got min {int(ids.min())}, max {int(ids.max())}")
+    chosen = torch.rand(ids.shape, generator=generator, device=ids.device) < p  # (..., S) bool
+    u = torch.rand(ids.shape, generator=generator, device=ids.device)  # which of the three fates
+    random_ids = torch.randint(0, vocab_size, ids.shape, generator=generator, device=ids.device)
+    inputs = torch.where(chosen & (u < 0.8), mask_id, ids)  # 80 %: [MASK]
+    inputs = torch.where(chosen & (u >= 0.8) & (u < 0.9), random_ids, inputs)  # 10 %: random; 10 %: kept
+    targets = torch.where(chosen, ids, -100)
+    return inputs, targets
+
+
+class DecoderBlock(nn.Module):
+    """Causal self-attention, cross-attention over the encoder's output, MLP (chapter 03).
+
+    :class:`Block` with a second attention in the middle, whose keys and values come from
+    ``memory`` ``(B, Sk, D)`` (the encoder's output) instead of ``x``. Each sublayer has its
+    residual and norm, pre or post as in :class:`Block`::
+
+        pre:  h = x + attn(norm(x));   c = h + cross(norm(h), memory);   out = c + mlp(norm(c))
+        post: h = norm(x + attn(x));   c = norm(h + cross(h, memory));   out = norm(c + mlp(c))
+
+    ``forward(x (B, S, D), memory (B, Sk, D), *, mask=None, cross_mask=None, rotary=None)``:
+    ``mask`` is the self-attention's (pass ``causal_mask(S)``), ``cross_mask`` the
+    cross-attention's (``(B, 1, 1, Sk)`` from the source padding), ``rotary`` goes to the
+    self-attention only: queries and memory live on different position axes.
+
+    >>> block = DecoderBlock(ModelConfig(d_model=16, n_heads=2))
+    >>> block(torch.randn(2, 3, 16), torch.randn(2, 5, 16), mask=attention.causal_mask(3)).shape
+    torch.Size([2, 3, 16])
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        c = config
+        self.pre_norm = c.norm_position == "pre"
+        self.attn = attention.MultiHeadAttention(c.d_model, c.n_heads, c.n_kv_heads, bias=c.bias,
+                                                 dropout=c.dropout, impl=c.attn_impl)
+        self.attn_norm = make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
+        self.cross_attn = attention.MultiHeadAttention(c.d_model, c.n_heads, c.n_kv_heads, bias=c.bias,
+                                                       dropout=c.dropout, impl=c.attn_impl, kv_dim=c.d_model)
+        self.cross_norm = make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
+        self.mlp = MLP(c)
+        self.mlp_norm = make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
+        self.drop = nn.Dropout(c.dropout)
+
+    def forward(self, x: Tensor, memory: Tensor, *, mask: Tensor | None = None,
+                cross_mask: Tensor | None = None, rotary=None) -> Tensor:
+        if self.pre_norm:
+            x = x + self.drop(self.attn(self.attn_norm(x), mask=mask, rotary=rotary))
+            x = x + self.drop(self.cross_attn(self.cross_norm(x), memory, mask=cross_mask))
+            return x + self.drop(self.mlp(self.mlp_norm(x)))
+        x = self.attn_norm(x + self.drop(self.attn(x, mask=mask, rotary=rotary)))
+        x = self.cross_norm(x + self.drop(self.cross_attn(x, memory, mask=cross_mask)))
+        return self.mlp_norm(x + self.drop(self.mlp(x)))
+
+
+class EncoderDecoder(nn.Module):
+    """Sequence-to-sequence transformer: T5 (Raffel et al., 2020), with the course's blocks (chapter 03).
+
+    ::
+
+        src (B, Ss) --embed--> Encoder (bidirectional) --------------------> memory (B, Ss, D)
+                                                                                 | keys, values
+        tgt_in (B, St) --embed--> L x DecoderBlock (causal self, cross, MLP) --> norm_f --> lm_head
+
+    ``forward(src, tgt_in, targets=None, *, src_padding_mask=None) -> (logits (B, St, V), loss)``
+    is ``decode(tgt_in, encode(src, src_padding_mask), src_padding_mask)``; generation encodes
+    once and decodes step by step. ``src_padding_mask`` ``(B, Ss)`` bool, True = real token,
+    hides padded source tokens from the encoder's self-attention and from the cross-attention.
+    Teacher forcing: ``tgt_in`` is the target shifted right behind a start token, ``targets``
+    the target (``-100`` = ignore). Right-padding of the target needs no mask: causality
+    already hides it from the real positions; give it target ``-100``.
+
+    One :class:`ModelConfig` for both stacks: each has ``n_layers`` layers (T5-small: 6 + 6),
+    ``context_length`` bounds ``Ss`` and ``St`` separately, and positions follow
+    ``config.positional`` (T5 itself uses relative position buckets). One token embedding (and
+    position table) reads the source and the target and, with ``tie_embeddings``, scores the
+    output, as in the original T5. Left out: a KV cache for the decoder (each step reruns the
+    whole prefix, and the cross-attention's keys and values are recomputed from ``memory``),
+    T5's relative position bias, its span-corruption objective and the ``D^-0.5`` scaling of
+    the tied head.
+
+    >>> model = EncoderDecoder(ModelConfig(vocab_size=10, context_length=8, d_model=16, n_heads=2))
+    >>> src, tgt_in = torch.tensor([[3, 4, 5, 0]]), torch.tensor([[1, 5, 4]])
+    >>> logits, loss = model(src, tgt_in, torch.tensor([[5, 4, 3]]),
+    ...                      src_padding_mask=torch.tensor([[True, True, True, False]]))
+    >>> tuple(logits.shape), tuple(model.encode(src).shape), loss.shape
+    ((1, 3, 10), (1, 4, 16), torch.Size([]))
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = c = config
+        self.embed = _Embeddings(c)  # shared by source and target
+        self.encoder = Encoder(c)
+        self.rotary = RotaryEmbedding(c.head_dim, c.rope_base) if c.positional == "rope" else None
+        self.decoder = nn.ModuleList(DecoderBlock(c) for _ in range(c.n_layers))
+        self.norm_f = (make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
+                       if c.norm_position == "pre" else nn.Identity())
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.apply(GPT._init_weights)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.embed.tok_emb.weight
+
+    def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
+        """``(B, Ss)`` token ids -> memory ``(B, Ss, D)``."""
+        _check_ids("src", src, self.config)
+        _key_padding_mask(src_padding_mask, *src.shape, "src_padding_mask")  # an error names it as here
+        return self.encoder(self.embed(src), padding_mask=src_padding_mask)  # (B, Ss) -> (B, Ss, D)
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
+        """``(B, St)`` token ids and memory ``(B, Ss, D)`` -> logits ``(B, St, V)``."""
+        c = self.config
+        _check_ids("tgt_in", tgt_in, c)
+        B, St = tgt_in.shape
+        if not (isinstance(memory, Tensor) and memory.dim() == 3 and memory.shape[0] == B
+                and memory.shape[2] == c.d_model):
+            got = tuple(memory.shape) if isinstance(memory, Tensor) else type(memory)
+            raise ValueError(f"memory must be (B={B}, Ss, D={c.d_model}) as encode() returns, got {got}")
+        cross_mask = _key_padding_mask(src_padding_mask, B, memory.shape[1], "src_padding_mask")  # (B,1,1,Ss)
+        mask = attention.causal_mask(St, device=tgt_in.device)  # (St, St)
+        x = self.embed(tgt_in)  # (B, St) -> (B, St, D)
+        for block in self.decoder:
+            x = block(x, memory, mask=mask, cross_mask=cross_mask, rotary=self.rotary)
+        return self.lm_head(self.norm_f(x))  # (B, St, D) -> (B, St, V)
+
+    def forward(self, src: Tensor, tgt_in: Tensor, targets: Tensor | None = None, *,
+                src_padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        _check_ids("src", src, self.config)
+        _check_ids("tgt_in", tgt_in, self.config)
+        if src.shape[0] != tgt_in.shape[0]:
+            raise ValueError(f"src and tgt_in must have the same batch size B, got {src.shape[0]} and "
+                             f"{tgt_in.shape[0]}")
+        if targets is not None and (not isinstance(targets, Tensor) or targets.shape != tgt_in.shape):
+            got = tuple(targets.shape) if isinstance(targets, Tensor) else type(targets)
+            raise ValueError(f"targets must have tgt_in's shape {tuple(tgt_in.shape)}, got {got}")
+        logits = self.decode(tgt_in, self.encode(src, src_padding_mask), src_padding_mask)  # (B, St, V)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)

@@ -27,7 +27,27 @@ Device and precision come from :mod:`course_lib.device` (``config.device``,
 ``config.precision``): the model and the data move to that device, and the forward pass runs
 under its bf16 autocast when the precision says so (no gradient scaler: bf16 has fp32's range).
 
-Left out: gradient accumulation, data-parallel training (``torchrun``/DDP), ``torch.compile``,
+Data-parallel training: start one process per device with ``torchrun``; each calls
+``init_process_group`` and then :func:`train` as usual. :func:`train` sees the world size ``W``,
+wraps the model in ``DistributedDataParallel`` (DDP) and splits every batch::
+
+    all ranks:  x, y = get_batch(...)       the same global batch (B, S): the same seeded sampler
+    rank r:     x[r*B/W : (r+1)*B/W]        its own B / W rows
+    backward:   DDP averages the gradients  so every rank takes the step of one process on (B, S)
+
+A script ``fit.py`` for ``torchrun --nproc_per_node 2 fit.py``::
+
+    import torch.distributed as dist
+    dist.init_process_group()          # rank and world size from torchrun; gloo on CPU, nccl on GPU
+    history = train(model, train_ids, val_ids, config)
+    dist.destroy_process_group()
+
+Every rank evaluates (the same batches on the same weights) and returns the same losses, the
+train loss averaged over ranks; only rank 0 shows the progress bar and writes checkpoints.
+Dropout is seeded with ``seed + rank`` (different masks per rank), so with dropout a DDP run
+matches one process in distribution only, and resuming restores rank 0's generator everywhere.
+
+Left out: gradient accumulation, sharded training (FSDP, ZeRO), ``torch.compile``,
 mixed-precision fp16 with a gradient scaler, and early stopping.
 """
 
@@ -40,6 +60,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -211,6 +232,40 @@ def _resume(config: TrainConfig, model, optimizer, generator) -> tuple[int, Hist
     return ckpt["step"], History(**ckpt["history"])
 
 
+def _world(config: TrainConfig) -> tuple[int, int, torch.device]:
+    """``(rank, W, device)`` of this process: ``(0, 1, config's device)`` unless
+    ``torch.distributed`` is initialised (a ``torchrun`` script); then each process on a GPU
+    machine takes its own GPU (``cuda:LOCAL_RANK``), and ``batch_size`` must split into W shares."""
+    device = get_device(config.device)
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 1, device
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if config.batch_size % world:
+        raise ValueError(f"batch_size={config.batch_size} must be divisible by the world size {world}: "
+                         f"each of the {world} processes trains on batch_size // {world} windows")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(device)
+    return rank, world, device
+
+
+def _data_parallel(model: nn.Module, device: torch.device, world: int) -> nn.Module:
+    """``model`` in DDP when ``W > 1`` (it copies rank 0's weights to every rank, then averages
+    the gradients during backward), else ``model`` itself."""
+    if world == 1:
+        return model
+    return nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+
+
+def _mean_over_ranks(loss: torch.Tensor, world: int) -> float:
+    """The global batch's loss: the mean of the W ranks' losses (equal shares, so equal weights)."""
+    if world > 1:
+        loss = loss.detach().clone()
+        dist.all_reduce(loss)  # sum over ranks, in place
+        loss /= world
+    return loss.item()
+
+
 def train(model: nn.Module, train_ids: torch.Tensor, val_ids: torch.Tensor, config: TrainConfig, *,
           resume: bool = False, progress: bool = True, stop_at: int | None = None) -> History:
     """Train ``model`` (a :class:`course_lib.model.GPT`, or anything with ``.config.context_length``
@@ -221,8 +276,11 @@ def train(model: nn.Module, train_ids: torch.Tensor, val_ids: torch.Tensor, conf
     continues from ``checkpoint_path`` exactly where it stopped. ``stop_at`` ends the run after
     that many updates (saving a checkpoint), as if interrupted, while the schedule still runs to
     ``max_steps``: a notebook can train in several cells. Returns the :class:`History`.
+
+    Under ``torchrun`` (``torch.distributed`` initialised, W > 1 processes) each rank trains on
+    its ``batch_size // W`` rows of the same global batch with DDP (see the module docstring).
     """
-    device = get_device(config.device)
+    rank, world, device = _world(config)  # (0, 1, device) without torch.distributed
     model.to(device)
     train_ids, val_ids = train_ids.to(device), val_ids.to(device)
     optimizer = make_optimizer(model, config)
@@ -231,11 +289,13 @@ def train(model: nn.Module, train_ids: torch.Tensor, val_ids: torch.Tensor, conf
         start, history = _resume(config, model, optimizer, batches)
     else:
         start, history = 0, History()
-        torch.manual_seed(config.seed)  # dropout
+        torch.manual_seed(config.seed + rank)  # dropout
     end = config.max_steps if stop_at is None else min(stop_at, config.max_steps)
     t0 = time.perf_counter() - (history.seconds[-1] if history.seconds else 0.0)
+    ddp = _data_parallel(model, device, world)  # model itself when W == 1
     model.train()
-    bar = tqdm(range(start, end), initial=start, total=config.max_steps, desc="train", disable=not progress)
+    bar = tqdm(range(start, end), initial=start, total=config.max_steps, desc="train",
+               disable=not progress or rank != 0)
     for step in bar:
         if step % config.eval_every == 0:
             history.val_steps.append(step)
@@ -244,8 +304,9 @@ def train(model: nn.Module, train_ids: torch.Tensor, val_ids: torch.Tensor, conf
         for group in optimizer.param_groups:
             group["lr"] = lr
         x, y = get_batch(train_ids, config.batch_size, model.config.context_length, generator=batches)
+        x, y = x.chunk(world)[rank], y.chunk(world)[rank]  # (B, S) -> (B / W, S): this rank's rows
         with autocast(device, config.precision):
-            _, loss = model(x, y)
+            _, loss = ddp(x, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if config.grad_clip is not None:
@@ -253,18 +314,18 @@ def train(model: nn.Module, train_ids: torch.Tensor, val_ids: torch.Tensor, conf
         optimizer.step()
 
         history.steps.append(step)
-        history.train_loss.append(loss.item())
+        history.train_loss.append(_mean_over_ranks(loss, world))
         history.lr.append(lr)
         history.seconds.append(time.perf_counter() - t0)
         bar.set_postfix(loss=f"{history.train_loss[-1]:.3f}",
                         val=f"{history.val_loss[-1]:.3f}" if history.val_loss else "-")
         done = step + 1
-        if config.checkpoint_every and done % config.checkpoint_every == 0 and done < end:
+        if config.checkpoint_every and done % config.checkpoint_every == 0 and done < end and rank == 0:
             save_checkpoint(config.checkpoint_path, model, optimizer, done, history, batches)
     if end == config.max_steps and (not history.val_steps or history.val_steps[-1] != end):
         history.val_steps.append(end)  # the final model, always evaluated
         history.val_loss.append(evaluate(model, val_ids, config))
-    if config.checkpoint_path is not None:
+    if config.checkpoint_path is not None and rank == 0:
         save_checkpoint(config.checkpoint_path, model, optimizer, end, history, batches)
     return history
 

@@ -35,7 +35,8 @@ __all__ = ["MultiHeadAttention"]
 class MultiHeadAttention(nn.Module):
     """Multi-head attention; ``n_kv_heads`` < ``n_heads`` gives GQA, 1 gives MQA (chapter 02).
 
-    ``forward(x, context=None, *, mask=None, cache=None, rotary=None, return_weights=False)``:
+    ``forward(x, context=None, *, mask=None, cache=None, rotary=None, positions=None,
+    return_weights=False)``:
 
     * x ``(B, S, D)``; ``context`` ``(B, Sk, kv_dim)`` for cross-attention (keys and values
       come from it; default ``x``).
@@ -49,6 +50,9 @@ class MultiHeadAttention(nn.Module):
       ``RollingKVCache``. Without a cache, pass the mask you want (e.g. ``causal_mask(S)``).
     * ``rotary``: a :class:`course_lib.positional.RotaryEmbedding` applied to q and k at
       their absolute positions (self-attention only).
+    * ``positions``: rotary's positions of the new tokens, ``(S,)`` or per row ``(B, S)``
+      (left-padded batches count only real tokens); default ``cache.length + arange(S)``.
+      Only rotary uses them.
 
     Returns ``(B, S, D)``, or ``(out, weights (B, H, S, Sk))`` if ``return_weights``.
 
@@ -84,7 +88,7 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(self.kv_dim, n_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
 
-    def _check(self, x: Tensor, context: Tensor | None, cache, rotary) -> None:
+    def _check(self, x: Tensor, context: Tensor | None, cache, rotary, positions: Tensor | None) -> None:
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must be (B, S, D={self.d_model}), got shape {tuple(x.shape)}")
         if context is None and self.kv_dim != self.d_model:
@@ -98,11 +102,19 @@ class MultiHeadAttention(nn.Module):
                                  "(cross-attention)")
         if cache is not None and not isinstance(cache, (KVCache, RollingKVCache)):
             raise ValueError(f"cache must be a KVCache or RollingKVCache, got {type(cache).__name__}")
+        if positions is not None:
+            B, S = x.shape[:2]
+            if context is not None:
+                raise ValueError("positions are for rotary self-attention; got them with a context "
+                                 "(cross-attention)")
+            if tuple(positions.shape) not in ((S,), (B, S)):
+                raise ValueError(f"positions must be (S={S},) or (B={B}, S={S}), got shape "
+                                 f"{tuple(positions.shape)}")
 
     def forward(self, x: Tensor, context: Tensor | None = None, *, mask: Tensor | None = None,
                 cache: KVCache | RollingKVCache | None = None, rotary: nn.Module | None = None,
-                return_weights: bool = False):
-        self._check(x, context, cache, rotary)
+                positions: Tensor | None = None, return_weights: bool = False):
+        self._check(x, context, cache, rotary, positions)
         B, S, _ = x.shape
         kv_in = x if context is None else context
         q = rearrange(self.q_proj(x), "b s (h d) -> b h s d", h=self.n_heads)  # (B, S, D) -> (B, H, S, Dh)
@@ -112,8 +124,9 @@ class MultiHeadAttention(nn.Module):
 
         start = cache.length if cache is not None else 0
         if rotary is not None:
-            positions = torch.arange(start, start + S, device=x.device)  # (S,) absolute positions
-            q, k = rotary(q, positions), rotary(k, positions)
+            if positions is None:
+                positions = torch.arange(start, start + S, device=x.device)  # (S,) absolute positions
+            q, k = rotary(q, positions), rotary(k, positions)  # positions (S,) or (B, S)
         if cache is not None:
             k, v = cache.update(k, v)  # (B, Hkv, S, Dh) -> (B, Hkv, Sk, Dh) with the past
         Sk = k.shape[-2]

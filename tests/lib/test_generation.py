@@ -136,6 +136,107 @@ def test_generate_keeps_the_training_mode_and_checks_inputs():
         G.generate(model, PROMPT, -1)
 
 
+# --------------------------------------------------------------------------- left padding
+PROMPTS = [[1, 2], [4, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15]]  # lengths 2, 5, 7
+
+
+def _lively_model(config: M.ModelConfig) -> M.GPT:
+    """Weights ~ N(0, 0.3) (norm gains around 1): at GPT-2's init std 0.02 greedy decoding
+    just repeats the last token, whatever came before, and would prove nothing about padding."""
+    model, g = _model(config), torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            is_gain = p.dim() == 1 and "norm" in name and name.endswith("weight")
+            p.copy_((1.0 if is_gain else 0.0) + 0.3 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def test_left_pad_by_hand_and_errors():
+    idx, mask = G.left_pad([torch.tensor([5, 6]), [7], [1, 2, 3]], pad_id=9)
+    assert idx.tolist() == [[9, 5, 6], [9, 9, 7], [1, 2, 3]] and idx.dtype == torch.long
+    assert mask.tolist() == [[False, True, True], [False, False, True], [True, True, True]]
+    with pytest.raises(ValueError, match="at least one prompt"):
+        G.left_pad([])
+    with pytest.raises(ValueError, match=r"prompts \[1\]"):
+        G.left_pad([[1, 2], []])
+    with pytest.raises(ValueError, match=r"prompts \[0\].*\(1, 2\)"):
+        G.left_pad([torch.tensor([[1, 2]])])
+
+
+def _alone(model, n_new: int, **kw) -> list[torch.Tensor]:
+    return [G.generate(model, torch.tensor([p]), n_new, **kw)[0] for p in PROMPTS]
+
+
+@pytest.mark.parametrize("config", [TINY, ROPE], ids=["learned", "rope"])
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
+@pytest.mark.parametrize("n_new", [4, 12], ids=["within", "past-context"])
+def test_greedy_on_a_left_padded_batch_gives_each_prompt_its_tokens_alone(config, use_cache, n_new):
+    """7 + 12 = 19 > context_length 12: past it, the batch (and every row alone but the
+    shortest's first steps) continues on a sliding window whose mask is sliced with it."""
+    model = _lively_model(config)
+    idx, mask = G.left_pad(PROMPTS, pad_id=3)
+    out = G.generate(model, idx, n_new, greedy=True, use_cache=use_cache, padding_mask=mask)
+    assert out.shape == (3, 7 + n_new)
+    for b, alone in enumerate(_alone(model, n_new, greedy=True, use_cache=use_cache)):
+        assert torch.equal(out[b, 7 - len(PROMPTS[b]):], alone)
+        assert torch.equal(out[b, :7 - len(PROMPTS[b])], torch.full((7 - len(PROMPTS[b]),), 3))  # pads kept
+    unmasked = G.generate(model, idx, n_new, greedy=True, use_cache=use_cache)
+    assert not torch.equal(unmasked, out)  # without the mask the pads change the tokens
+
+
+@pytest.mark.parametrize("config", [TINY, ROPE], ids=["learned", "rope"])
+def test_an_all_true_padding_mask_changes_nothing(config):
+    model = _lively_model(config)
+    all_real = torch.ones_like(PROMPT, dtype=torch.bool)
+    plain = G.generate(model, PROMPT, 12, greedy=True)
+    assert torch.equal(G.generate(model, PROMPT, 12, greedy=True, padding_mask=all_real), plain)
+
+
+@pytest.mark.parametrize("config", [TINY, ROPE], ids=["learned", "rope"])
+@pytest.mark.parametrize("n_new", [4, 12], ids=["within", "past-context"])
+def test_left_padded_sampling_same_seed_same_tokens_with_and_without_cache(config, n_new):
+    model = _lively_model(config)
+    idx, mask = G.left_pad(PROMPTS)
+    kw = dict(temperature=1.5, top_k=15, top_p=0.95, padding_mask=mask)
+    a = G.generate(model, idx, n_new, use_cache=True, generator=torch.Generator().manual_seed(7), **kw)
+    b = G.generate(model, idx, n_new, use_cache=False, generator=torch.Generator().manual_seed(7), **kw)
+    assert a.shape == (3, 7 + n_new) and torch.equal(a, b)
+    c = G.generate(model, idx, n_new, use_cache=True, generator=torch.Generator().manual_seed(8), **kw)
+    assert not torch.equal(a, c)
+
+
+def test_stop_tokens_per_row_in_a_left_padded_batch():
+    model = _lively_model(ROPE)
+    idx, mask = G.left_pad(PROMPTS)
+    free = G.generate(model, idx, 8, greedy=True, padding_mask=mask)
+    stops = [int(free[1, 8])]  # row 1's second new token
+    out = G.generate(model, idx, 8, greedy=True, padding_mask=mask, stop_tokens=stops)
+    expected = _padded_after_stop(free, stops, 7)
+    assert not torch.equal(expected, free)  # the stop token cuts at least row 1
+    assert torch.equal(out, expected[:, :out.shape[1]])
+    for b, alone in enumerate(_alone(model, 8, greedy=True, stop_tokens=stops)):
+        row = out[b, 7 - len(PROMPTS[b]):]
+        n = min(len(row), len(alone))  # alone, a row stops the loop by itself
+        assert torch.equal(row[:n], alone[:n])
+
+
+def test_generate_checks_the_padding_mask():
+    model = _model(TINY)
+    idx, mask = G.left_pad(PROMPTS)
+    with pytest.raises(ValueError, match=r"padding_mask must be a bool tensor of idx's shape \(3, 7\)"):
+        G.generate(model, idx, 2, padding_mask=mask[:, 1:])
+    with pytest.raises(ValueError, match="dtype torch.int64"):
+        G.generate(model, idx, 2, padding_mask=mask.long())
+    right = torch.zeros_like(mask)
+    right[:, :2] = True  # right padding: the prompts do not all end in the last column
+    with pytest.raises(ValueError, match="last column"):
+        G.generate(model, idx, 2, padding_mask=right)
+    no_real = mask.clone()
+    no_real[0] = False
+    with pytest.raises(ValueError, match="last column"):
+        G.generate(model, idx, 2, padding_mask=no_real)
+
+
 # --------------------------------------------------------------------------- beam search
 class TableModel(torch.nn.Module):
     """Next-token probabilities depend only on the last token (a bigram table)::

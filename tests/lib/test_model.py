@@ -185,6 +185,92 @@ def test_sdpa_and_naive_attention_give_the_same_logits():
     torch.testing.assert_close(sdpa(ids)[0], naive(ids)[0], atol=1e-5, rtol=1e-5)
 
 
+# --------------------------------------------------------------------------- left padding
+PROMPTS = [[3, 1, 4], [1, 5, 9, 2, 6, 5, 3], [5]]  # lengths 3, 7, 1
+
+
+def _left_padded(prompts: list[list[int]], pad_id: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
+    """Written out here so that these tests do not lean on generation.left_pad."""
+    S = max(len(p) for p in prompts)
+    idx = torch.full((len(prompts), S), pad_id)
+    mask = torch.zeros(len(prompts), S, dtype=torch.bool)
+    for b, p in enumerate(prompts):
+        idx[b, S - len(p):], mask[b, S - len(p):] = torch.tensor(p), True
+    return idx, mask
+
+
+@pytest.mark.parametrize("name", ["gpt2-like", "llama-like", "sinusoidal"])
+def test_left_padded_batch_gives_each_prompt_its_logits_alone(name):
+    model = _model(VARIANTS[name])
+    idx, mask = _left_padded(PROMPTS)
+    with torch.no_grad():
+        logits, _ = model(idx, padding_mask=mask)
+        unmasked, _ = model(idx)
+        for b, p in enumerate(PROMPTS):
+            alone, _ = model(torch.tensor([p]))
+            torch.testing.assert_close(logits[b, -len(p):], alone[0], atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(logits).all()  # pad positions (garbage) are still numbers, not NaN
+    assert not torch.allclose(unmasked[2, -1:], logits[2, -1:], atol=1e-3)  # the mask matters
+
+
+@pytest.mark.parametrize("name", ["gpt2-like", "llama-like"])
+def test_left_padded_batch_with_caches_gives_each_prompt_its_logits_alone(name):
+    model = _model(VARIANTS[name])
+    idx, mask = _left_padded(PROMPTS)
+    new = _ids(3, 5, 50)  # five more tokens per row, fed one at a time
+    with torch.no_grad():
+        caches = model.make_caches(3)
+        steps = [model(idx, caches=caches, padding_mask=mask)[0]]  # prefill: (3, 7, V)
+        for t in range(5):
+            mask = torch.cat([mask, torch.ones(3, 1, dtype=torch.bool)], dim=1)  # (B, Sk + 1)
+            steps.append(model(new[:, t:t + 1], caches=caches, padding_mask=mask)[0])
+        logits = torch.cat(steps, dim=1)  # (3, 12, V)
+        for b, p in enumerate(PROMPTS):
+            alone, _ = model(torch.cat([torch.tensor(p), new[b]])[None])  # (1, len(p) + 5, V)
+            torch.testing.assert_close(logits[b, -alone.shape[1]:], alone[0], atol=1e-5, rtol=1e-5)
+    assert caches[0].length == 12
+
+
+def test_attention_takes_per_row_rotary_positions():
+    """Row b with positions ``(arange(S) - b).clamp(min=0)`` (b left pads) is row b run alone
+    with those (S,) positions; ``positions=arange(S)`` is the default. (A uniform shift would
+    change nothing: RoPE only sees offsets.)"""
+    model = _model(VARIANTS["llama-like"])
+    attn, rotary = model.blocks[0].attn, model.rotary
+    x = torch.randn(3, 5, 32, generator=torch.Generator().manual_seed(2))
+    mask = attention.causal_mask(5)
+    with torch.no_grad():
+        default = attn(x, mask=mask, rotary=rotary)
+        torch.testing.assert_close(attn(x, mask=mask, rotary=rotary, positions=torch.arange(5)), default)
+        positions = (torch.arange(5) - torch.arange(3)[:, None]).clamp(min=0)  # (3, 5)
+        per_row = attn(x, mask=mask, rotary=rotary, positions=positions)
+        for b in range(3):
+            alone = attn(x[b:b + 1], mask=mask, rotary=rotary, positions=positions[b])
+            torch.testing.assert_close(per_row[b], alone[0])
+    assert not torch.allclose(per_row[2], default[2])
+    with pytest.raises(ValueError, match=r"positions must be \(S=5,\) or \(B=3, S=5\)"):
+        attn(x, mask=mask, rotary=rotary, positions=torch.arange(4))
+    with pytest.raises(ValueError, match="cross-attention"):
+        attn(x, x, positions=torch.arange(5))
+
+
+def test_padding_mask_errors_name_the_bad_value():
+    model = _model(TINY)
+    idx, mask = _left_padded(PROMPTS)
+    with pytest.raises(ValueError, match=r"padding_mask must be a bool \(B, Sk\) = \(3, 7\).*shape \(3, 6\)"):
+        model(idx, padding_mask=mask[:, 1:])
+    with pytest.raises(ValueError, match="dtype torch.int64"):
+        model(idx, padding_mask=mask.long())
+    empty = mask.clone()
+    empty[2] = False
+    with pytest.raises(ValueError, match=r"rows \[2\] have no real token"):
+        model(idx, padding_mask=empty)
+    caches = model.make_caches(3)
+    model(idx, caches=caches, padding_mask=mask)
+    with pytest.raises(ValueError, match=r"\(3, 8\).*7 cached \+ 1 new"):  # the new column only: too short
+        model(idx[:, :1], caches=caches, padding_mask=mask[:, :1])
+
+
 # --------------------------------------------------------------------------- errors
 @pytest.mark.parametrize("kwargs,match", [
     (dict(d_model=30), "d_model=30"),
