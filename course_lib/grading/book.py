@@ -25,6 +25,8 @@ from nbgrader.preprocessors import ClearHiddenTests, ClearSolutions
 
 from . import config, notebook
 
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
 
 def execute(path: Path, timeout: int | None = None) -> tuple[nbformat.NotebookNode, float]:
     """Run a notebook top to bottom in its own folder; returns (executed copy, seconds)."""
@@ -49,6 +51,18 @@ def strip_answers(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade")):
             cell.outputs = []
             cell.execution_count = None
+    return nb
+
+
+def drop_widgets(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Remove ipywidget outputs (tqdm's notebook bars) and their saved state.
+
+    A static page cannot render them, and Jupyter Book would load the widget scripts from a CDN.
+    """
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = [o for o in cell.outputs if WIDGET_MIME not in o.get("data", {})]
     return nb
 
 
@@ -90,7 +104,7 @@ def stage(out: Path, chapters: list[str]) -> dict[str, float]:
         print(f"  {seconds:.1f} s (budget {config.NOTEBOOK_BUDGET_S:.0f} s)", flush=True)
         target = stage_dir / "notebooks" / chapter
         shutil.copytree(src.parent, target, ignore=shutil.ignore_patterns("*.ipynb", ".*"))
-        nbformat.write(strip_answers(nb), str(target / f"{chapter}.ipynb"))
+        nbformat.write(drop_widgets(strip_answers(nb)), str(target / f"{chapter}.ipynb"))
         download = stage_dir / "_extra" / "notebooks" / chapter
         download.mkdir(parents=True)
         shutil.copy2(config.student_path(chapter), download / f"{chapter}.ipynb")

@@ -1,8 +1,11 @@
 """The build executed every solution within its budget and kept the lecture examples."""
 
 import json
+import re
 
-from course_lib.grading import config
+import nbformat
+
+from course_lib.grading import book, config
 from tests.conftest import CHAPTERS, ROOT
 
 
@@ -27,3 +30,21 @@ def test_colab_button_opens_the_student_notebook_on_the_configured_branch(html_d
         expected = (f"https://colab.research.google.com/github/{org_repo}/blob/{branch}/"
                     f"notebooks/{chapter}/{chapter}.ipynb")
         assert expected in page
+
+
+def test_pages_load_no_scripts_from_other_sites(html_dir):
+    # The book is served offline: widget outputs (tqdm bars) would pull require.js from a CDN.
+    for page in html_dir.rglob("*.html"):
+        scripts = re.findall(r'<script[^>]+src="(https?://[^"]+)"', page.read_text(encoding="utf-8"))
+        assert not scripts, f"{page.relative_to(html_dir)} loads {scripts}"
+
+
+def test_drop_widgets_keeps_every_other_output():
+    nb = nbformat.v4.new_notebook(metadata={"widgets": {"state": {}}})
+    bar = nbformat.v4.new_output("display_data", data={book.WIDGET_MIME: {"model_id": "1"},
+                                                       "text/plain": "train:   0%"})
+    text = nbformat.v4.new_output("stream", name="stdout", text="val loss 1.77\n")
+    nb.cells = [nbformat.v4.new_code_cell("train()", outputs=[bar, text]), nbformat.v4.new_markdown_cell("x")]
+    out = book.drop_widgets(nb)
+    assert "widgets" not in out.metadata
+    assert out.cells[0].outputs == [text]
