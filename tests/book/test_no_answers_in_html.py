@@ -31,9 +31,13 @@ def _region_lines(source: str, begin: str, end: str) -> list[str]:
 
 
 def secret_lines(chapter: str) -> set[str]:
-    """Lines of solutions, hidden tests and mark schemes that the student version lacks."""
+    """Lines of solutions, hidden tests and mark schemes that no student notebook shows.
+
+    A line that any released notebook prints openly (``B, S, D = x.shape`` in a later chapter's
+    narrative, say) gives nothing away, wherever else it appears.
+    """
     nb = notebook.read(config.solution_path(chapter))
-    student_text = config.student_path(chapter).read_text(encoding="utf-8")
+    student_text = "\n".join(config.student_path(c).read_text(encoding="utf-8") for c in CHAPTERS)
     secrets = set()
     for cell in nb.cells:
         for begin, end in (("BEGIN SOLUTION", "END SOLUTION"), ("BEGIN HIDDEN TESTS", "END HIDDEN TESTS"),
