@@ -82,6 +82,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_bpe.py
 	$(PY) benchmarks/bench_attention.py
 	$(PY) benchmarks/bench_model.py
+	$(PY) benchmarks/bench_flops.py
 
 # The small trained model that later chapters load (course_lib.pretrained); the full recipe.
 checkpoint: $(STAMP)

@@ -38,14 +38,16 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from .model import ModelConfig
 
 __all__ = ["ParamCount", "param_count", "params_deck2", "params_deck3", "params_kaplan", "PUBLISHED",
            "FlopCount", "flops_per_token", "training_flops", "MemoryCount", "training_memory",
-           "kv_cache_bytes", "saved_activation_bytes", "vgg16", "matmul_flops_per_second",
-           "elementwise_flops_per_second", "mfu"]
+           "kv_cache_bytes", "saved_activation_bytes", "checkpointed_blocks", "count_flops", "vgg16",
+           "matmul_flops_per_second", "elementwise_flops_per_second", "mfu"]
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,17 @@ def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> FlopCoun
     )
 
 
+def count_flops(fn) -> int:
+    """FLOPs that torch counts while ``fn()`` runs (``FlopCounterMode``: matmuls and convolutions).
+
+    >>> count_flops(lambda: torch.ones(2, 3) @ torch.ones(3, 4))  # 2 * 2 * 3 * 4
+    48
+    """
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
 def training_flops(config: ModelConfig, n_tokens: int, seq_len: int | None = None, *,
                    checkpointing: bool = False) -> int:
     """FLOPs to train on ``n_tokens``: 3 forward passes' worth (4 with activation checkpointing)."""
@@ -217,6 +230,20 @@ def saved_activation_bytes(model: nn.Module, *args, **kwargs) -> int:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(*args, **kwargs)
     return sum(seen.values())
+
+
+def checkpointed_blocks(blocks, x: torch.Tensor, **block_kwargs) -> torch.Tensor:
+    """Apply ``blocks`` in order with activation checkpointing: ``(B, S, D) -> (B, S, D)``.
+
+    Autograd keeps only each block's input; the backward pass recomputes the block's forward
+    (up to one more forward pass of the blocks; PyTorch stops recomputing once it has what the
+    backward needs). One checkpoint per block, not one around the stack, so the recomputation
+    needs one block's activations at a time. ``block_kwargs`` (mask, rotary, positions) go to
+    every block.
+    """
+    for block in blocks:
+        x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False, **block_kwargs)
+    return x
 
 
 def vgg16(num_classes: int = 1000) -> nn.Module:

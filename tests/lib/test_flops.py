@@ -4,7 +4,6 @@ import dataclasses
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from course_lib import attention, flops, model
 
@@ -81,12 +80,6 @@ def test_vgg16_has_the_first_decks_count():
     assert small(torch.randn(1, 3, 224, 224)).shape == (1, 10)
 
 
-def _counted(fn) -> int:
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return counter.get_total_flops()
-
-
 LLAMA_LIKE = {"mlp": "swiglu", "n_kv_heads": 2, "bias": False, "tie_embeddings": False}
 
 
@@ -98,14 +91,14 @@ def test_forward_and_training_flops_match_flop_counter(changes, S):
     B = 2
     idx = torch.randint(0, config.vocab_size, (B, S))
     per_token = flops.flops_per_token(config, S).total
-    assert _counted(lambda: gpt(idx)) == B * S * per_token
+    assert flops.count_flops(lambda: gpt(idx)) == B * S * per_token
 
     def step():
         _, loss = gpt(idx, idx)
         loss.backward()
 
     # backward: one matmul for the gradient w.r.t. the input, one w.r.t. the weight, for each forward one
-    assert _counted(step) == flops.training_flops(config, B * S, S)
+    assert flops.count_flops(step) == flops.training_flops(config, B * S, S)
 
 
 def test_checkpointing_costs_a_fourth_forward():
@@ -153,6 +146,43 @@ def test_saved_activations_grow_with_batch_and_shrink_under_no_grad():
     lin = torch.nn.Linear(16, 8)
     assert flops.saved_activation_bytes(lin, torch.randn(5, 16)) == 5 * 16 * 4
     assert attention.causal_mask(3).dtype == torch.bool  # the masks are bool: tiny next to activations
+
+
+@pytest.mark.parametrize("changes", [{}, LLAMA_LIKE | {"positional": "rope"}], ids=str)
+def test_checkpointed_blocks_keep_block_inputs_and_recompute_in_backward(changes):
+    config = dataclasses.replace(BASE, **changes)
+    gpt = model.GPT(config)
+    S = 9
+    kw = dict(mask=attention.causal_mask(S), rotary=gpt.rotary, positions=torch.arange(S))
+
+    class Stack(torch.nn.Module):
+        def __init__(self, checkpointing):
+            super().__init__()
+            self.blocks, self.checkpointing = gpt.blocks, checkpointing
+
+        def forward(self, x):
+            if self.checkpointing:
+                return flops.checkpointed_blocks(self.blocks, x, **kw)
+            for block in self.blocks:
+                x = block(x, **kw)
+            return x
+
+    x = torch.randn(2, S, config.d_model)
+    results = []
+    for checkpointing in (False, True):
+        gpt.zero_grad()
+        xi = x.clone().requires_grad_()
+        out = Stack(checkpointing)(xi)
+        out.square().sum().backward()
+        results.append([out.detach(), xi.grad] + [p.grad.clone() for p in gpt.blocks.parameters()])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b)
+    saved = flops.saved_activation_bytes(Stack(True), x.clone().requires_grad_())
+    assert saved == config.n_layers * x.numel() * 4  # one (B, S, D) fp32 input per block
+    assert saved < flops.saved_activation_bytes(Stack(False), x.clone().requires_grad_()) / 10
+    xi = x.clone().requires_grad_()
+    plain = flops.count_flops(lambda: Stack(False)(xi).sum().backward())
+    assert plain < flops.count_flops(lambda: Stack(True)(xi).sum().backward()) <= plain * 4 / 3
 
 
 def test_machine_rates_and_mfu():
