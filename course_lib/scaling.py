@@ -1,0 +1,199 @@
+"""Scaling laws: Kaplan et al. (2020) and Chinchilla (Hoffmann et al., 2022) (chapter 06).
+
+Notation: this module keeps the papers' letters, which differ from the rest of the course:
+``N`` parameters, ``D`` training tokens (not the model width), ``C`` training compute in FLOPs,
+``L`` the loss in nats per token. ``C = 6 N D`` (chapter 05).
+
+* :class:`KaplanLaw`: ``L(N)``, ``L(D)``, ``L(C)`` and ``L(N, D)`` with the paper's constants.
+  Kaplan's ``N`` excludes embeddings, and its ``C`` is in PF-days (1 PF-day = 8.64e19 FLOPs).
+* :class:`ChinchillaLaw`: ``L(N, D) = E + A / N^alpha + B / D^beta`` with the constants of
+  the paper's approach 3, and :meth:`ChinchillaLaw.compute_optimal`, the closed-form best
+  ``(N, D)`` for a budget ``C``. With these constants the best tokens-per-parameter ratio
+  grows with the budget (about 26 at 1e18 FLOPs); the familiar 20 comes from the paper's
+  approaches 1 and 2, and Besiroglu et al. (2024) found the published approach-3 fit
+  inconsistent with them.
+* Fitting: :func:`fit_chinchilla` (approach 3: Huber loss on log-losses, L-BFGS from a grid
+  of starts, as the paper), :func:`isoflop_optimum` and :func:`fit_power_law` (approach 2:
+  the loss-minimising ``N`` of each IsoFLOP profile, then ``N_opt = k C^a``), and
+  :func:`fit_kaplan_n` (Kaplan's ``L(N)`` as a line in log-log space).
+
+>>> round(ChinchillaLaw().loss(280e9, 300e9), 3)  # Gopher, as in the first deck
+1.993
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["PF_DAY", "KaplanLaw", "ChinchillaLaw", "fit_chinchilla", "isoflop_optimum", "fit_power_law",
+           "fit_kaplan_n"]
+
+PF_DAY = 1e15 * 24 * 3600  # FLOPs in a petaflop/s-day, Kaplan's unit of compute
+
+
+def _positive(name: str, value) -> None:
+    values = value if isinstance(value, Sequence) else [value]
+    if any(not v > 0 for v in values):
+        raise ValueError(f"{name} must be positive, got {value}")
+
+
+@dataclass(frozen=True)
+class KaplanLaw:
+    """Kaplan et al. (2020), section 1.2 and equation 1.5; losses in nats, N without embeddings."""
+
+    alpha_N: float = 0.076
+    N_c: float = 8.8e13
+    alpha_D: float = 0.095
+    D_c: float = 5.4e13
+    alpha_C: float = 0.050
+    C_c: float = 3.1e8  # PF-days (C_min)
+
+    def loss_n(self, N: float) -> float:
+        """``(N_c / N)^alpha_N``: models of N non-embedding parameters trained to convergence."""
+        _positive("N", N)
+        return (self.N_c / N) ** self.alpha_N
+
+    def loss_d(self, D: float) -> float:
+        """``(D_c / D)^alpha_D``: a large model trained on D tokens with early stopping."""
+        _positive("D", D)
+        return (self.D_c / D) ** self.alpha_D
+
+    def loss_c(self, C_flops: float) -> float:
+        """``(C_c / C)^alpha_C``, C given in FLOPs and converted to PF-days."""
+        _positive("C", C_flops)
+        return (self.C_c / (C_flops / PF_DAY)) ** self.alpha_C
+
+    def loss(self, N: float, D: float) -> float:
+        """``[(N_c / N)^(alpha_N / alpha_D) + D_c / D]^alpha_D`` (equation 1.5)."""
+        _positive("N", N)
+        _positive("D", D)
+        return ((self.N_c / N) ** (self.alpha_N / self.alpha_D) + self.D_c / D) ** self.alpha_D
+
+
+@dataclass(frozen=True)
+class ChinchillaLaw:
+    """``L(N, D) = E + A / N^alpha + B / D^beta``; defaults: Hoffmann et al. (2022), approach 3."""
+
+    E: float = 1.69
+    A: float = 406.4
+    B: float = 410.7
+    alpha: float = 0.34
+    beta: float = 0.28
+
+    def loss(self, N: float, D: float) -> float:
+        _positive("N", N)
+        _positive("D", D)
+        return self.E + self.A / N**self.alpha + self.B / D**self.beta
+
+    def compute_optimal(self, C: float) -> tuple[float, float]:
+        """The ``(N, D)`` that minimise the loss subject to ``6 N D = C``, in closed form.
+
+        Setting the derivative of ``A N^-alpha + B (C / 6N)^-beta`` to zero gives
+        ``N = G (C / 6)^(beta / (alpha + beta))`` with ``G = (alpha A / (beta B))^(1 / (alpha + beta))``
+        and ``D = C / (6 N)``.
+        """
+        _positive("C", C)
+        s = self.alpha + self.beta
+        G = (self.alpha * self.A / (self.beta * self.B)) ** (1 / s)
+        N = G * (C / 6) ** (self.beta / s)
+        return N, C / (6 * N)
+
+
+def _huber(r: torch.Tensor, delta: float) -> torch.Tensor:
+    return torch.where(r.abs() <= delta, 0.5 * r**2, delta * (r.abs() - 0.5 * delta))
+
+
+def _lbfgs(objective, start: list[float], max_iter: int) -> tuple[torch.Tensor, float]:
+    """Minimise ``objective`` from ``start`` with L-BFGS (float64); returns (parameters, value)."""
+    p = torch.tensor(start, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([p], max_iter=max_iter, line_search_fn="strong_wolfe",
+                            tolerance_grad=1e-12, tolerance_change=1e-14)
+
+    def closure():
+        opt.zero_grad()
+        value = objective(p)
+        value.backward()
+        return value
+
+    opt.step(closure)
+    with torch.no_grad():
+        return p.detach(), objective(p).item()
+
+
+def fit_chinchilla(N: Sequence[float], D: Sequence[float], loss: Sequence[float], *, delta: float = 1e-3,
+                   grid: dict[str, Sequence[float]] | None = None, max_iter: int = 200) -> ChinchillaLaw:
+    """Fit ``E + A / N^alpha + B / D^beta`` to runs as the paper's approach 3.
+
+    Minimises the Huber loss (``delta``) between ``log L`` and the prediction
+    ``logsumexp(a - alpha log N, b - beta log D, e)`` over ``(a, b, e, alpha, beta)``, with
+    ``A = exp(a)``, ``B = exp(b)``, ``E = exp(e)``, by L-BFGS from every start of ``grid``,
+    and keeps the best. The default grid (32 starts) is a coarse version of the paper's.
+    """
+    if not (len(N) == len(D) == len(loss)):
+        raise ValueError(f"N, D and loss need one value per run, got {len(N)}, {len(D)}, {len(loss)}")
+    if len(N) < 5:
+        raise ValueError(f"need at least 5 runs to fit 5 parameters, got {len(N)}")
+    for name, values in (("N", N), ("D", D), ("loss", loss)):
+        _positive(name, list(values))
+    log_n, log_d, log_l = (torch.tensor(v, dtype=torch.float64).log() for v in (N, D, loss))
+    grid = grid or {"alpha": (0.2, 0.6), "beta": (0.2, 0.6), "e": (-1.0, 0.5),
+                    "a": (2.0, 12.0), "b": (2.0, 12.0)}
+
+    def objective(p: torch.Tensor) -> torch.Tensor:
+        a, b, e, alpha, beta = p
+        terms = torch.stack([a - alpha * log_n, b - beta * log_d, e.expand_as(log_n)])  # (3, runs)
+        pred = torch.logsumexp(terms, dim=0)
+        return _huber(pred - log_l, delta).sum()
+
+    best, best_value = None, math.inf
+    names = ("a", "b", "e", "alpha", "beta")  # the order of the parameter vector
+    for start in itertools.product(*(grid[name] for name in names)):
+        p, value = _lbfgs(objective, list(start), max_iter)
+        if math.isfinite(value) and value < best_value:
+            best, best_value = p, value
+    a, b, e, alpha, beta = best.tolist()
+    return ChinchillaLaw(E=math.exp(e), A=math.exp(a), B=math.exp(b), alpha=alpha, beta=beta)
+
+
+def isoflop_optimum(N: Sequence[float], loss: Sequence[float]) -> float:
+    """The loss-minimising N of one IsoFLOP profile: a parabola in ``log N`` through the runs.
+
+    The runs share one compute budget; the vertex of the fitted parabola is the estimate.
+    """
+    if len(N) != len(loss) or len(N) < 3:
+        raise ValueError(f"need at least 3 runs with one loss each, got {len(N)} N and {len(loss)} losses")
+    _positive("N", list(N))
+    x = torch.tensor(N, dtype=torch.float64).log()
+    y = torch.tensor(loss, dtype=torch.float64)
+    X = torch.stack([x**2, x, torch.ones_like(x)], dim=1)  # (runs, 3)
+    c2, c1, _ = torch.linalg.lstsq(X, y[:, None]).solution.flatten().tolist()
+    if c2 <= 0:
+        raise ValueError("the profile has no minimum (the parabola opens downward): add runs on both sides")
+    return math.exp(-c1 / (2 * c2))
+
+
+def fit_power_law(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """``(k, a)`` of ``y = k x^a``, by least squares on ``log y = log k + a log x``."""
+    if len(x) != len(y) or len(x) < 2:
+        raise ValueError(f"need at least 2 points with one y each, got {len(x)} x and {len(y)} y")
+    _positive("x", list(x))
+    _positive("y", list(y))
+    lx = torch.tensor(x, dtype=torch.float64).log()
+    ly = torch.tensor(y, dtype=torch.float64).log()
+    X = torch.stack([torch.ones_like(lx), lx], dim=1)  # (points, 2)
+    log_k, a = torch.linalg.lstsq(X, ly[:, None]).solution.flatten().tolist()
+    return math.exp(log_k), a
+
+
+def fit_kaplan_n(N: Sequence[float], loss: Sequence[float]) -> KaplanLaw:
+    """Kaplan's ``L(N) = (N_c / N)^alpha_N`` fitted to runs; other constants keep their defaults."""
+    k, a = fit_power_law(N, loss)  # loss = k N^a with a = -alpha_N, k = N_c^alpha_N
+    if a >= 0:
+        raise ValueError(f"the loss does not fall with N (fitted exponent {a:.3f})")
+    alpha_N = -a
+    return KaplanLaw(alpha_N=alpha_N, N_c=k ** (1 / alpha_N))
