@@ -168,6 +168,15 @@ def step_flops(model, x, y) -> int:
     return counter.get_total_flops()
 
 
+def measure(models: dict, precision: str, x, y, flops: int, peak: float, device, args) -> tuple[dict, dict]:
+    """Tokens/s and MFU of each ``name: (model, loss_fn)``'s interleaved training steps."""
+    fns = {k: make_step(m, loss, x, y, precision, args.steps, device) for k, (m, loss) in models.items()}
+    sec = interleaved(fns, args.warmup, args.repeats, device)
+    tokens = args.steps * x.numel()  # (B, S) per step
+    return ({k: tokens / s for k, s in sec.items()},
+            {k: flops * args.steps / s / peak for k, s in sec.items()})
+
+
 def training(sizes, vocab_size: int, device: torch.device, args, peaks) -> list[dict]:
     """Sections 2 (fp32) and 3 (bf16); returns one row per size for the summary table."""
     rows = []
@@ -183,7 +192,6 @@ def training(sizes, vocab_size: int, device: torch.device, args, peaks) -> list[
                 got = ours_loss(model, x, y).item()
                 assert abs(got - ref) < 1e-4 * max(1.0, abs(ref)), f"{name}: loss {got} vs HF {ref}"
         flops = step_flops(naive, x, y)
-        tokens = args.steps * size["B"] * size["S"]
         L, S, D = size["L"], size["S"], size["D"]
         # cross-check: N = non-embedding params + the (V, D) head (tied, but still a matmul)
         estimate = (6 * (naive.num_params(non_embedding=True) + vocab_size * D) * size["B"] * S
@@ -196,13 +204,8 @@ def training(sizes, vocab_size: int, device: torch.device, args, peaks) -> list[
         row = {"size": name, "flops": flops, "attn": hf.config._attn_implementation}
 
         # 2. fp32
-        fns = {"hf": make_step(hf, hf_loss, x, y, "fp32", args.steps, device),
-               "sdpa": make_step(sdpa, ours_loss, x, y, "fp32", args.steps, device),
-               "naive": make_step(naive, ours_loss, x, y, "fp32", args.steps, device)}
-        sec = interleaved(fns, args.warmup, args.repeats, device)
-        tps = {k: tokens / s for k, s in sec.items()}
-        mfu = {k: flops * args.steps / s / peaks["fp32"][0] for k, s in sec.items()}
-        row["fp32"] = (tps, mfu)
+        models = {"hf": (hf, hf_loss), "sdpa": (sdpa, ours_loss), "naive": (naive, ours_loss)}
+        tps, mfu = row["fp32"] = measure(models, "fp32", x, y, flops, peaks["fp32"][0], device, args)
         print(f"  fp32  HF {tps['hf']:9.0f} tok/s ({mfu['hf']:6.1%} MFU)   "
               f"ours sdpa {tps['sdpa']:9.0f} ({mfu['sdpa']:6.1%}) ratio {tps['sdpa'] / tps['hf']:5.2f}   "
               f"ours naive {tps['naive']:9.0f} ({mfu['naive']:6.1%}) ratio {tps['naive'] / tps['hf']:5.2f}")
@@ -218,18 +221,14 @@ def training(sizes, vocab_size: int, device: torch.device, args, peaks) -> list[
                   f"(fp32 {peaks['fp32'][0] / 1e9:.1f}), ~{est:.0f} s a step; --bf16 on to force")
             row["bf16"] = None
         else:
-            fns = {"hf": make_step(hf, hf_loss, x, y, "bf16", args.steps, device),
-                   "sdpa": make_step(sdpa, ours_loss, x, y, "bf16", args.steps, device)}
-            sec = interleaved(fns, args.warmup, args.repeats, device)
-            tps16 = {k: tokens / s for k, s in sec.items()}
-            mfu16 = {k: flops * args.steps / s / peaks["bf16"][0] for k, s in sec.items()}
-            row["bf16"] = (tps16, mfu16)
+            del models["naive"]  # bf16: the fast path only
+            tps16, mfu16 = row["bf16"] = measure(models, "bf16", x, y, flops, peaks["bf16"][0], device, args)
             print(f"  bf16  HF {tps16['hf']:9.0f} tok/s ({mfu16['hf']:6.1%} MFU)   "
                   f"ours sdpa {tps16['sdpa']:9.0f} ({mfu16['sdpa']:6.1%}) "
                   f"ratio {tps16['sdpa'] / tps16['hf']:5.2f}   "
                   f"ours bf16/fp32 {tps16['sdpa'] / tps['sdpa']:5.2f}")
         rows.append(row)
-        del hf, sdpa, naive, fns
+        del hf, sdpa, naive, models
     return rows
 
 
