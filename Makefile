@@ -13,7 +13,7 @@ CHAPTER ?= all
 GRADING ?= grading
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install book test test-fast release collect grade export formgrader mutants check lab bench checkpoint lint constraints clean
+.PHONY: help install book test test-fast release collect grade export formgrader mutants check lab bench checkpoint sweep lint constraints clean
 
 help:
 	@echo "make book      build the HTML book into _build/html (executes every solution once)"
@@ -28,6 +28,7 @@ help:
 	@echo "make lab       open JupyterLab on the student notebooks"
 	@echo "make bench     run the benchmarks (not part of the tests)"
 	@echo "make checkpoint  retrain the shipped Shakespeare model (course_lib/checkpoints, ~10 min on a CPU)"
+	@echo "make sweep     rerun the scaling-law sweep of chapter 06 (course_lib/results, ~20 min on a CPU)"
 
 # torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml constraints.txt
@@ -87,6 +88,10 @@ bench: $(STAMP)
 # The small trained model that later chapters load (course_lib.pretrained); the full recipe.
 checkpoint: $(STAMP)
 	$(PY) -m course_lib.pretrained build
+
+# The runs chapter 06 fits its scaling laws to (course_lib.scaling); resumes if interrupted.
+sweep: $(STAMP)
+	$(PY) -m course_lib.scaling sweep
 
 lint: $(STAMP)
 	$(BIN)/ruff check course_lib tests benchmarks

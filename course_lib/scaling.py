@@ -16,6 +16,9 @@ Notation: this module keeps the papers' letters, which differ from the rest of t
   of starts, as the paper), :func:`isoflop_optimum` and :func:`fit_power_law` (approach 2:
   the loss-minimising ``N`` of each IsoFLOP profile, then ``N_opt = k C^a``), and
   :func:`fit_kaplan_n` (Kaplan's ``L(N)`` as a line in log-log space).
+* The sweep: :func:`sweep` trains course_lib GPTs at several budgets and writes a CSV
+  (``python -m course_lib.scaling sweep``, ``make sweep``); :func:`read_sweep` reads the
+  shipped one.
 
 >>> round(ChinchillaLaw().loss(280e9, 300e9), 3)  # Gopher, as in the first deck
 1.993
@@ -23,15 +26,26 @@ Notation: this module keeps the papers' letters, which differ from the rest of t
 
 from __future__ import annotations
 
+import argparse
+import csv
 import itertools
 import math
+import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
+
+from . import data
+from .model import GPT, ModelConfig
+from .train import TrainConfig, train
 
 __all__ = ["PF_DAY", "KaplanLaw", "ChinchillaLaw", "fit_chinchilla", "isoflop_optimum", "fit_power_law",
-           "fit_kaplan_n"]
+           "fit_kaplan_n", "SWEEP_CSV", "SWEEP_SIZES", "Run", "SWEEP_PLAN", "QUICK_PLAN", "sweep_config",
+           "sweep", "read_sweep"]
 
 PF_DAY = 1e15 * 24 * 3600  # FLOPs in a petaflop/s-day, Kaplan's unit of compute
 
@@ -197,3 +211,144 @@ def fit_kaplan_n(N: Sequence[float], loss: Sequence[float]) -> KaplanLaw:
         raise ValueError(f"the loss does not fall with N (fitted exponent {a:.3f})")
     alpha_N = -a
     return KaplanLaw(alpha_N=alpha_N, N_c=k ** (1 / alpha_N))
+
+
+# --------------------------------------------------------------------------- the sweep
+# ``python -m course_lib.scaling sweep`` trains small character-level GPTs on Shakespeare at
+# three compute budgets (five sizes each, around the optimum) and one larger held-out run, and
+# writes one CSV row per run. The CSV ships with the package so chapter 06 runs in seconds; the
+# whole sweep took 21 minutes on 2 CPU cores (1258 s of training). Simplifications: one
+# learning rate and batch size for every size, and the smallest models see the corpus up to
+# 3-4 times.
+
+SWEEP_CSV = Path(__file__).parent / "results" / "scaling_sweep.csv"
+
+# name: (n_layers, d_model, n_heads); about 8k to 490k parameters, the byte embedding a large
+# share of the smallest
+SWEEP_SIZES: dict[str, tuple[int, int, int]] = {
+    "L2-D12": (2, 12, 1), "L2-D16": (2, 16, 1), "L2-D24": (2, 24, 2), "L2-D32": (2, 32, 2),
+    "L2-D48": (2, 48, 3), "L2-D64": (2, 64, 4), "L3-D80": (3, 80, 5), "L3-D112": (3, 112, 7),
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run of the sweep: a model size trained on ``budget / (6 N)`` tokens."""
+
+    budget: float        # C in FLOPs, as 6 N D with N all parameters
+    size: str            # a key of SWEEP_SIZES
+    held_out: bool = False  # kept out of the fits, to check a prediction against
+
+
+_LADDER = tuple(SWEEP_SIZES)
+SWEEP_PLAN: tuple[Run, ...] = (
+    *(Run(4e11, s) for s in _LADDER[0:5]),
+    *(Run(1.2e12, s) for s in _LADDER[1:6]),
+    *(Run(3.6e12, s) for s in _LADDER[3:8]),
+    Run(1.08e13, "L2-D64", held_out=True),
+)
+QUICK_PLAN: tuple[Run, ...] = (Run(2e9, "L2-D16"), Run(2e9, "L2-D32"), Run(6e9, "L2-D32", held_out=True))
+
+SWEEP_COLUMNS = ("budget", "size", "n_layers", "d_model", "n_heads", "params", "non_embedding", "tokens",
+                 "compute", "loss", "held_out", "seconds", "curve")
+
+
+def sweep_config(size: str) -> ModelConfig:
+    """The model of one sweep size: bytes (V = 256), 64 positions, GPT-2's layout, sdpa."""
+    n_layers, d_model, n_heads = SWEEP_SIZES[size]
+    return ModelConfig(vocab_size=256, context_length=64, d_model=d_model, n_layers=n_layers,
+                       n_heads=n_heads, attn_impl="sdpa")
+
+
+def _train_run(run: Run, train_ids: torch.Tensor, val_ids: torch.Tensor) -> dict:
+    config = sweep_config(run.size)
+    torch.manual_seed(0)
+    gpt = GPT(config)
+    N = gpt.num_params()
+    tokens_per_step = 32 * config.context_length
+    steps = max(1, round(run.budget / (6 * N) / tokens_per_step))  # D = C / (6 N), whole steps
+    train_config = TrainConfig(max_steps=steps, batch_size=32, lr=2e-3, min_lr=2e-4,
+                               warmup_steps=max(1, min(100, steps // 10)), eval_every=max(1, steps // 8),
+                               eval_batches=20, precision="fp32")
+    start = time.perf_counter()
+    history = train(gpt, train_ids, val_ids, train_config, progress=False)
+    tokens = steps * tokens_per_step
+    return {
+        "budget": run.budget, "size": run.size, "n_layers": config.n_layers, "d_model": config.d_model,
+        "n_heads": config.n_heads, "params": N, "non_embedding": gpt.num_params(non_embedding=True),
+        "tokens": tokens, "compute": 6 * N * tokens, "loss": history.val_loss[-1], "held_out": run.held_out,
+        "seconds": round(time.perf_counter() - start, 1),
+        "curve": ";".join(f"{s * tokens_per_step}:{v:.4f}"  # tokens seen : validation loss
+                          for s, v in zip(history.val_steps, history.val_loss, strict=True)),
+    }
+
+
+def read_sweep(path: str | os.PathLike | None = None) -> list[dict]:
+    """The rows of a sweep CSV (default: the shipped one), numbers as numbers.
+
+    ``curve`` becomes a list of ``(tokens seen, validation loss)`` pairs.
+    """
+    path = Path(path) if path is not None else SWEEP_CSV
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        for key in ("budget", "compute", "loss", "seconds"):
+            row[key] = float(row[key])
+        for key in ("n_layers", "d_model", "n_heads", "params", "non_embedding", "tokens"):
+            row[key] = int(row[key])
+        row["held_out"] = row["held_out"] == "True"
+        row["curve"] = [(int(t), float(v)) for t, v in (p.split(":") for p in row["curve"].split(";"))]
+    return rows
+
+
+def sweep(path: str | os.PathLike, plan: Sequence[Run] = SWEEP_PLAN, *, max_chars: int | None = None,
+          progress: bool = True) -> list[dict]:
+    """Train every run of ``plan`` not yet in the CSV at ``path``, appending a row after each.
+
+    An interrupted sweep resumes where it stopped: runs already in the file are skipped (a run
+    cut off halfway starts again). Returns the rows trained by this call.
+    """
+    unknown = sorted({r.size for r in plan} - set(SWEEP_SIZES))
+    if unknown:
+        raise ValueError(f"unknown sizes {unknown}; choose from {sorted(SWEEP_SIZES)}")
+    path = Path(path)
+    done = {(row["budget"], row["size"]) for row in read_sweep(path)} if path.exists() else set()
+    todo = [r for r in plan if (r.budget, r.size) not in done]
+    if not todo:
+        return []
+    train_ids, val_ids = data.train_val_split(data.encode_corpus(data.shakespeare(max_chars)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new_file = not path.exists()
+    rows = []
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=SWEEP_COLUMNS)
+        if new_file:
+            writer.writeheader()
+        for run in tqdm(todo, desc="sweep", disable=not progress):
+            rows.append(_train_run(run, train_ids, val_ids))
+            writer.writerow(rows[-1])
+            f.flush()  # a finished run survives an interruption
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``python -m course_lib.scaling sweep [--out PATH] [--quick] [--threads N]``."""
+    parser = argparse.ArgumentParser(prog="python -m course_lib.scaling")
+    sub = parser.add_subparsers(dest="command", required=True)
+    cmd = sub.add_parser("sweep", help="train the grid of small models and write (or complete) its CSV")
+    cmd.add_argument("--out", default=None, help=f"CSV to write or complete (default: {SWEEP_CSV}; "
+                                                  "with --quick: scaling_sweep_quick.csv)")
+    cmd.add_argument("--quick", action="store_true", help="three tiny runs on 200k characters: a smoke test")
+    cmd.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out or ("scaling_sweep_quick.csv" if args.quick else SWEEP_CSV))
+    rows = sweep(out, QUICK_PLAN if args.quick else SWEEP_PLAN, max_chars=200_000 if args.quick else None)
+    print(f"{out}: trained {len(rows)} runs in {sum(r['seconds'] for r in rows):.0f} s; "
+          f"{len(read_sweep(out))} runs in the file")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from course_lib import scaling
+from course_lib import model, scaling
 
 CHINCHILLA = scaling.ChinchillaLaw()
 
@@ -133,3 +133,42 @@ def test_bad_input_fails_clearly():
         scaling.isoflop_optimum([1e6, 1e7], [1.0, 2.0])
     with pytest.raises(ValueError, match="does not fall"):
         scaling.fit_kaplan_n([1e6, 1e7], [1.0, 2.0])
+
+
+def test_a_tiny_sweep_runs_end_to_end_and_resumes(tmp_path):
+    path = tmp_path / "sweep.csv"
+    first = scaling.sweep(path, scaling.QUICK_PLAN[:2], max_chars=200_000, progress=False)
+    assert [r["size"] for r in first] == ["L2-D16", "L2-D32"]
+    # the command line finishes the plan: only the run that is missing is trained
+    assert scaling.main(["sweep", "--quick", "--out", str(path)]) == 0
+    rows = scaling.read_sweep(path)
+    assert [(r["budget"], r["size"], r["held_out"]) for r in rows] == [
+        (r.budget, r.size, r.held_out) for r in scaling.QUICK_PLAN]
+    assert scaling.sweep(path, scaling.QUICK_PLAN, progress=False) == []  # nothing left to do
+    for row in rows:
+        gpt = model.GPT(scaling.sweep_config(row["size"]))
+        assert row["params"] == gpt.num_params()
+        assert row["non_embedding"] == gpt.num_params(non_embedding=True)
+        assert row["compute"] == 6 * row["params"] * row["tokens"]
+        assert row["tokens"] % (32 * 64) == 0
+        assert abs(row["compute"] / row["budget"] - 1) < 0.3  # whole steps of 32 x 64 tokens
+        assert row["curve"][-1] == (row["tokens"], pytest.approx(row["loss"], abs=1e-4))
+        assert row["loss"] < math.log(256)  # better than uniform over bytes
+
+
+def test_sweep_rejects_unknown_sizes(tmp_path):
+    with pytest.raises(ValueError, match="unknown sizes"):
+        scaling.sweep(tmp_path / "x.csv", [scaling.Run(1e9, "huge")], progress=False)
+
+
+def test_shipped_sweep_covers_the_plan_and_more_compute_gives_lower_loss():
+    rows = scaling.read_sweep()
+    assert sorted((r["budget"], r["size"], r["held_out"]) for r in rows) == sorted(
+        (r.budget, r.size, r.held_out) for r in scaling.SWEEP_PLAN)
+    best = {}
+    for row in rows:
+        assert abs(row["compute"] / row["budget"] - 1) < 0.05
+        if not row["held_out"]:
+            best[row["budget"]] = min(best.get(row["budget"], math.inf), row["loss"])
+    losses = [best[b] for b in sorted(best)]
+    assert losses == sorted(losses, reverse=True) and losses[-1] < 2.5
