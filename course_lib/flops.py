@@ -57,13 +57,21 @@ class ParamCount:
     embedding: int   # token embedding, V x D
     position: int    # learned position table, context_length x D (0 for sinusoidal, RoPE, none)
     attention: int   # q, k, v, o projections (and biases), all layers
-    mlp: int         # up, gate, down projections (and biases), all layers
+    mlp: int         # up, gate, down projections (and biases), all layers; all E experts with MoE
     norms: int       # gains (and biases) of every norm, the final one included
     head: int        # lm_head, V x D when untied
+    router: int = 0  # MoE routers, D x E per layer (chapter 07)
+    active: int | None = None  # parameters one token uses (K of E experts); None = all of them
 
     @property
     def total(self) -> int:
-        return sum(asdict(self).values())
+        return sum(v for k, v in asdict(self).items() if k != "active")
+
+    @property
+    def active_total(self) -> int:
+        """Parameters each token passes through: ``total`` for a dense model, only the K chosen
+        experts' share of the MLPs for a mixture of experts (the tied embedding counts once)."""
+        return self.total if self.active is None else self.active
 
     @property
     def non_embedding(self) -> int:
@@ -84,14 +92,17 @@ def param_count(config: ModelConfig) -> ParamCount:
     mlp = (3 if config.mlp == "swiglu" else 2) * D * F + b * ((2 if config.mlp == "swiglu" else 1) * F + D)
     one_norm = D * (2 if config.norm == "layernorm" and config.bias else 1)
     n_norms = 2 * L + (1 if config.norm_position == "pre" else 0)  # pre-norm adds a final norm
-    return ParamCount(
+    E, K = (1, 1) if config.moe is None else (config.moe.n_experts, config.moe.top_k)
+    count = ParamCount(
         embedding=V * D,
         position=config.context_length * D if config.positional == "learned" else 0,
         attention=L * attention,
-        mlp=L * mlp,
+        mlp=L * E * mlp,
         norms=n_norms * one_norm,
         head=0 if config.tie_embeddings else V * D,
+        router=0 if config.moe is None else L * D * E,
     )
+    return count if config.moe is None else replace(count, active=count.total - L * (E - K) * mlp)
 
 
 def params_deck3(d_model: int, n_layers: int, vocab_size: int) -> int:
@@ -142,8 +153,9 @@ class FlopCount:
 
     attention_proj: int   # q, k, v, o: 2 (2 D^2 + 2 D Hkv Dh) per layer
     attention_mix: int    # scores and weighted sum: 2 * 2 * S * D per layer (every key, as computed)
-    mlp: int              # 2 * 2 * D * F per layer (2 * 3 * D * F for SwiGLU)
+    mlp: int              # 2 * 2 * D * F per layer (2 * 3 * D * F for SwiGLU); K experts' with MoE
     head: int             # unembedding: 2 * D * V (the embedding is a lookup, no FLOPs)
+    router: int = 0       # MoE router: 2 * D * E per layer (chapter 07)
 
     @property
     def total(self) -> int:
@@ -162,11 +174,13 @@ def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> FlopCoun
         raise ValueError(f"seq_len must be >= 1, got {S}")
     D, L, V, F = config.d_model, config.n_layers, config.vocab_size, config.ff_width
     kv = config.kv_heads * config.head_dim
+    E, K = (0, 1) if config.moe is None else (config.moe.n_experts, config.moe.top_k)
     return FlopCount(
         attention_proj=L * 2 * (2 * D * D + 2 * D * kv),
         attention_mix=L * 2 * 2 * S * D,
-        mlp=L * 2 * (3 if config.mlp == "swiglu" else 2) * D * F,
+        mlp=L * K * 2 * (3 if config.mlp == "swiglu" else 2) * D * F,  # every token visits K experts
         head=2 * D * V,
+        router=L * 2 * D * E,
     )
 
 

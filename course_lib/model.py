@@ -40,7 +40,11 @@ encoder's output (as the original transformer and T5).
 Batched prompts of different lengths are left-padded (:func:`course_lib.generation.left_pad`)
 and come with a ``padding_mask``: pads get no attention and do not count as positions.
 
-Left out here: MoE (chapter 07), weight-init scaling of residual projections by
+With ``ModelConfig(moe=MoEConfig(...))`` every block's MLP is a mixture of experts
+(:class:`course_lib.moe.MoE`, chapter 07) whose experts are this module's :class:`MLP`; in
+training mode the loss then includes the experts' auxiliary losses.
+
+Left out here: weight-init scaling of residual projections by
 ``1/sqrt(2L)``, and sliding-window layers.
 """
 
@@ -55,11 +59,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import attention
+from .moe import MoE, MoEConfig, aux_loss
 from .norms import make_norm
 from .positional import LearnedPositional, RotaryEmbedding, sinusoidal
 
-__all__ = ["ModelConfig", "MLP", "Block", "GPT", "Encoder", "MaskedLM", "mask_tokens", "DecoderBlock",
-           "EncoderDecoder", "from_hf_gpt2", "from_hf_llama"]
+__all__ = ["ModelConfig", "MLP", "feed_forward", "Block", "GPT", "Encoder", "MaskedLM", "mask_tokens",
+           "DecoderBlock", "EncoderDecoder", "from_hf_gpt2", "from_hf_llama"]
 
 
 @dataclass(frozen=True)
@@ -88,8 +93,13 @@ class ModelConfig:
     norm_eps: float | None = None        # None -> 1e-5 for LayerNorm (GPT-2), 1e-6 for RMSNorm (Llama)
     rope_base: float = 10000.0           # RoPE's base (HF's rope_theta); used with positional="rope"
     attn_impl: Literal["naive", "sdpa"] = "naive"  # readable softmax(QK^T)V, or torch's fused kernel
+    moe: MoEConfig | None = None         # None = dense MLPs; else every MLP is a mixture of experts (ch. 07)
 
     def __post_init__(self):
+        if isinstance(self.moe, dict):  # as dataclasses.asdict wrote it into a checkpoint
+            object.__setattr__(self, "moe", MoEConfig(**self.moe))
+        if self.moe is not None and not isinstance(self.moe, MoEConfig):
+            raise TypeError(f"moe must be a MoEConfig or None, got {type(self.moe).__name__}")
         for name in ("vocab_size", "context_length", "d_model", "n_layers", "n_heads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -157,6 +167,23 @@ class MLP(nn.Module):
         return self.down_proj(h)  # (B, S, F) -> (B, S, D)
 
 
+def feed_forward(config: ModelConfig) -> nn.Module:
+    """A block's feed-forward layer: an :class:`MLP`, or with ``config.moe`` a mixture of
+    ``E`` such MLPs behind a router (chapter 07)."""
+    if config.moe is None:
+        return MLP(config)
+    return MoE(config.d_model, config.moe, make_expert=lambda: MLP(config))
+
+
+def _loss(model: nn.Module, logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean cross-entropy over target tokens (``-100`` = ignore), in fp32; in training mode plus
+    the MoE layers' auxiliary losses, so that evaluation reports the language-model loss alone."""
+    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+    if model.training and model.config.moe is not None:
+        loss = loss + aux_loss(model)
+    return loss
+
+
 class Block(nn.Module):
     """Attention + MLP, each wrapped in a residual connection and a norm (chapter 03).
 
@@ -171,7 +198,7 @@ class Block(nn.Module):
                                                  bias=config.bias, dropout=config.dropout,
                                                  impl=config.attn_impl)
         self.attn_norm = make_norm(config.norm, config.d_model, eps=config.norm_eps, bias=config.bias)
-        self.mlp = MLP(config)
+        self.mlp = feed_forward(config)
         self.mlp_norm = make_norm(config.norm, config.d_model, eps=config.norm_eps, bias=config.bias)
         self.drop = nn.Dropout(config.dropout)
 
@@ -324,7 +351,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.norm_f(x))  # (B, S, D) -> (B, S, V)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+            loss = _loss(self, logits, targets)
         return logits, loss
 
 
@@ -471,7 +498,7 @@ class MaskedLM(nn.Module):
         logits = self.lm_head(h)  # (B, S, D) -> (B, S, V)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+            loss = _loss(self, logits, targets)
         return logits, loss
 
 
@@ -547,7 +574,7 @@ class DecoderBlock(nn.Module):
         self.cross_attn = attention.MultiHeadAttention(c.d_model, c.n_heads, c.n_kv_heads, bias=c.bias,
                                                        dropout=c.dropout, impl=c.attn_impl, kv_dim=c.d_model)
         self.cross_norm = make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
-        self.mlp = MLP(c)
+        self.mlp = feed_forward(c)
         self.mlp_norm = make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
         self.drop = nn.Dropout(c.dropout)
 
@@ -645,7 +672,7 @@ class EncoderDecoder(nn.Module):
         logits = self.decode(tgt_in, self.encode(src, src_padding_mask), src_padding_mask)  # (B, St, V)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+            loss = _loss(self, logits, targets)
         return logits, loss
 
 
