@@ -13,7 +13,7 @@ CHAPTER ?= all
 GRADING ?= grading
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install book test test-fast release collect grade export formgrader mutants check lab bench checkpoint sweep lint constraints clean
+.PHONY: help install book test test-fast release collect grade export formgrader mutants check lab bench checkpoint sweep moe-runs lint constraints clean
 
 help:
 	@echo "make book      build the HTML book into _build/html (executes every solution once)"
@@ -29,6 +29,7 @@ help:
 	@echo "make bench     run the benchmarks (not part of the tests)"
 	@echo "make checkpoint  retrain the shipped Shakespeare model (course_lib/checkpoints, ~10 min on a CPU)"
 	@echo "make sweep     rerun the scaling-law sweep of chapter 06 (course_lib/results, ~20 min on a CPU)"
+	@echo "make moe-runs  rerun the dense and MoE training runs of chapter 07 (course_lib/results, ~15 min)"
 
 # torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml constraints.txt
@@ -84,6 +85,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_attention.py
 	$(PY) benchmarks/bench_model.py
 	$(PY) benchmarks/bench_flops.py
+	$(PY) benchmarks/bench_moe.py
 
 # The small trained model that later chapters load (course_lib.pretrained); the full recipe.
 checkpoint: $(STAMP)
@@ -92,6 +94,9 @@ checkpoint: $(STAMP)
 # The runs chapter 06 fits its scaling laws to (course_lib.scaling); resumes if interrupted.
 sweep: $(STAMP)
 	$(PY) -m course_lib.scaling sweep
+
+moe-runs: $(STAMP)
+	$(PY) -m course_lib.moe runs
 
 lint: $(STAMP)
 	$(BIN)/ruff check course_lib tests benchmarks

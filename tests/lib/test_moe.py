@@ -258,3 +258,44 @@ def test_expert_parallel_over_two_processes_equals_one(factor):
 def test_expert_parallel_needs_experts_divisible_by_ranks():
     with pytest.raises(ValueError, match="n_experts=3 must be divisible by W=2"):
         moe.run_expert_parallel(_layer(n_experts=3), [torch.randn(4, D), torch.randn(4, D)])
+
+
+# ---------------------------------------------------------------- the chapter's runs
+
+def test_runs_train_end_to_end_resume_and_read_back(tmp_path):
+    from course_lib.moe import runs
+
+    config = dataclasses.replace(runs.TRAIN, max_steps=4, warmup_steps=1, eval_every=2, eval_batches=1,
+                                 batch_size=4)
+    out, kw = tmp_path / "runs.csv", dict(config=config, max_chars=20_000, progress=False)
+    rows = runs.train_runs(out, ("dense", "top2-8"), seeds=(0,), **kw)
+    assert [(r["name"], r["seed"]) for r in rows] == [("dense", 0), ("top2-8", 0)]
+    rows = runs.train_runs(out, ("dense", "top2-8"), seeds=(0, 1), **kw)  # resumes: only seed 1 is new
+    assert [(r["name"], r["seed"]) for r in rows] == [("dense", 1), ("top2-8", 1)]
+    back = runs.read_runs(out)
+    assert [r["seed"] for r in back["dense"]] == [0, 1]
+    top2 = back["top2-8"][0]
+    assert top2["active_params"] == flops.param_count(runs.RUNS["top2-8"]).active_total < top2["params"]
+    assert [s for s, _ in top2["curve"]] == [0, 2, 4] and top2["curve"][-1][1] == top2["loss"]
+    assert len(top2["load"]) == 2
+    assert all(abs(sum(layer) - 1) < 1e-3 and len(layer) == 8 for layer in top2["load"])
+    with pytest.raises(ValueError, match="unknown runs"):
+        runs.train_runs(out, ("switch-3",), config=config)
+
+
+def test_the_shipped_runs_match_their_configs():
+    from course_lib.moe import runs
+
+    shipped = runs.read_runs()
+    assert set(shipped) == set(runs.RUNS)
+    for name, rows in shipped.items():
+        assert sorted(r["seed"] for r in rows) == list(runs.SEEDS), name
+        count = flops.param_count(runs.RUNS[name])
+        for row in rows:
+            assert (row["params"], row["active_params"]) == (count.total, count.active_total), name
+            assert row["curve"][-1] == (runs.TRAIN.max_steps, row["loss"])
+    # every top-1 MoE uses the dense model's parameters per token, plus its routers (L x D x E)
+    dense = shipped["dense"][0]["params"]
+    for rows in shipped.values():
+        if rows[0]["top_k"] == 1 and rows[0]["n_experts"] > 1:
+            assert rows[0]["active_params"] == dense + 2 * 32 * rows[0]["n_experts"]
