@@ -44,7 +44,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .model import ModelConfig
 
-__all__ = ["ParamCount", "param_count", "params_deck2", "params_deck3", "params_kaplan", "PUBLISHED",
+__all__ = ["ParamCount", "param_count", "active_params", "params_deck2", "params_deck3", "params_kaplan",
+           "PUBLISHED",
            "FlopCount", "flops_per_token", "training_flops", "MemoryCount", "training_memory",
            "kv_cache_bytes", "saved_activation_bytes", "checkpointed_blocks", "count_flops", "vgg16",
            "matmul_flops_per_second", "elementwise_flops_per_second", "mfu"]
@@ -57,21 +58,13 @@ class ParamCount:
     embedding: int   # token embedding, V x D
     position: int    # learned position table, context_length x D (0 for sinusoidal, RoPE, none)
     attention: int   # q, k, v, o projections (and biases), all layers
-    mlp: int         # up, gate, down projections (and biases), all layers; all E experts with MoE
+    mlp: int         # up, gate, down projections (and biases), all layers; with MoE every expert + routers
     norms: int       # gains (and biases) of every norm, the final one included
     head: int        # lm_head, V x D when untied
-    router: int = 0  # MoE routers, D x E per layer (chapter 07)
-    active: int | None = None  # parameters one token uses (K of E experts); None = all of them
 
     @property
     def total(self) -> int:
-        return sum(v for k, v in asdict(self).items() if k != "active")
-
-    @property
-    def active_total(self) -> int:
-        """Parameters each token passes through: ``total`` for a dense model, only the K chosen
-        experts' share of the MLPs for a mixture of experts (the tied embedding counts once)."""
-        return self.total if self.active is None else self.active
+        return sum(asdict(self).values())
 
     @property
     def non_embedding(self) -> int:
@@ -93,16 +86,25 @@ def param_count(config: ModelConfig) -> ParamCount:
     one_norm = D * (2 if config.norm == "layernorm" and config.bias else 1)
     n_norms = 2 * L + (1 if config.norm_position == "pre" else 0)  # pre-norm adds a final norm
     E, K = (1, 1) if config.moe is None else (config.moe.n_experts, config.moe.top_k)
-    count = ParamCount(
+    return ParamCount(
         embedding=V * D,
         position=config.context_length * D if config.positional == "learned" else 0,
         attention=L * attention,
-        mlp=L * E * mlp,
+        mlp=L * E * mlp + (0 if config.moe is None else L * D * E),  # experts, and a D x E router each
         norms=n_norms * one_norm,
         head=0 if config.tie_embeddings else V * D,
-        router=0 if config.moe is None else L * D * E,
     )
-    return count if config.moe is None else replace(count, active=count.total - L * (E - K) * mlp)
+
+
+def active_params(config: ModelConfig) -> int:
+    """Parameters one token passes through (chapter 07): all of them for a dense model; with a
+    mixture of experts, only the ``K`` chosen experts' share of the MLPs (routers included)."""
+    count = param_count(config)
+    if config.moe is None:
+        return count.total
+    E, K = config.moe.n_experts, config.moe.top_k
+    experts = count.mlp - config.n_layers * config.d_model * E  # all experts, without the routers
+    return count.total - experts // E * (E - K)
 
 
 def params_deck3(d_model: int, n_layers: int, vocab_size: int) -> int:
@@ -153,9 +155,8 @@ class FlopCount:
 
     attention_proj: int   # q, k, v, o: 2 (2 D^2 + 2 D Hkv Dh) per layer
     attention_mix: int    # scores and weighted sum: 2 * 2 * S * D per layer (every key, as computed)
-    mlp: int              # 2 * 2 * D * F per layer (2 * 3 * D * F for SwiGLU); K experts' with MoE
+    mlp: int              # 2 * 2 * D * F per layer (2 * 3 * D * F for SwiGLU); MoE: K experts + router 2 D E
     head: int             # unembedding: 2 * D * V (the embedding is a lookup, no FLOPs)
-    router: int = 0       # MoE router: 2 * D * E per layer (chapter 07)
 
     @property
     def total(self) -> int:
@@ -178,9 +179,8 @@ def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> FlopCoun
     return FlopCount(
         attention_proj=L * 2 * (2 * D * D + 2 * D * kv),
         attention_mix=L * 2 * 2 * S * D,
-        mlp=L * K * 2 * (3 if config.mlp == "swiglu" else 2) * D * F,  # every token visits K experts
+        mlp=L * (K * 2 * (3 if config.mlp == "swiglu" else 2) * D * F + 2 * D * E),  # K experts + router
         head=2 * D * V,
-        router=L * 2 * D * E,
     )
 
 

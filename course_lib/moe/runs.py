@@ -93,7 +93,7 @@ def _train_run(name: str, seed: int, train_ids: torch.Tensor, val_ids: torch.Ten
         "name": name, "seed": seed,
         "n_experts": moe.n_experts if moe else 1, "top_k": moe.top_k if moe else 1,
         "d_ff": model_config.ff_width, "balance_coef": moe.balance_coef if moe else 0.0,
-        "params": count.total, "active_params": count.active_total,
+        "params": count.total, "active_params": flops.active_params(model_config),
         "flops_per_token": flops.flops_per_token(model_config).total, "loss": round(history.val_loss[-1], 4),
         "dropped": round(dropped, 4), "seconds": round(seconds, 1),
         "curve": ";".join(f"{s}:{v:.4f}" for s, v in zip(history.val_steps, history.val_loss, strict=True)),
