@@ -86,6 +86,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_model.py
 	$(PY) benchmarks/bench_flops.py
 	$(PY) benchmarks/bench_moe.py
+	$(PY) benchmarks/bench_lora.py
 
 # The small trained model that later chapters load (course_lib.pretrained); the full recipe.
 checkpoint: $(STAMP)
