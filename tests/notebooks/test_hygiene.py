@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
 import json
+import pkgutil
 import re
 
 import nbformat
 import pytest
 
+import course_lib
 from course_lib.grading import config, notebook, release
 from tests.conftest import CHAPTERS, ROOT
 
@@ -107,3 +112,30 @@ def test_figures_have_captions(chapter):
             figure = cell.metadata.get("mystnb", {}).get("figure", {})
             assert figure.get("caption"), f"cell {i} draws a figure without mystnb.figure.caption"
             assert cell.metadata.get("mystnb", {}).get("image", {}).get("alt"), f"cell {i}: no alt text"
+
+
+def _course_lib_names() -> set[str]:
+    """Every function and class that a course_lib algorithm module defines (tooling excluded)."""
+    names = set()
+    for info in pkgutil.walk_packages(course_lib.__path__, "course_lib."):
+        if info.name.startswith("course_lib.grading") or info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        names |= {name for name, obj in vars(module).items()
+                  if (inspect.isfunction(obj) or inspect.isclass(obj)) and obj.__module__ == module.__name__}
+    return names
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_notebooks_do_not_redefine_course_lib_outside_exercises(chapter):
+    """A chapter uses course_lib instead of copying it: outside exercise cells, no def or class
+    may take the name of a course_lib function or class."""
+    known = _course_lib_names()
+    nb = notebook.read(config.solution_path(chapter))
+    exercise_cells = {i for ex in notebook.exercises(nb) for i in (ex.solution_cell, ex.test_cell)}
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or i in exercise_cells:
+            continue
+        python = re.sub(r"^\s*[%!].*$", "", cell.source, flags=re.M)  # IPython magics are not Python
+        defined = {n.name for n in ast.parse(python).body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+        assert not defined & known, f"cell {i} redefines {sorted(defined & known)}: use course_lib's"
