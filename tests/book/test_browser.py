@@ -60,7 +60,8 @@ def visit(browser, url: str) -> tuple[object, list[str]]:
 
 
 MATH_PAGES = ["book/intro.html", "book/notation.html"] + [f"notebooks/{c}/{c}.html" for c in CHAPTERS]
-OTHER_PAGES = ["index.html", "book/setup.html", "book/glossary.html", "book/instructors.html",
+OTHER_PAGES = ["index.html", "book/setup.html", "book/glossary.html", "book/history.html",
+               "book/instructors.html",
                "book/bibliography.html", "search.html"]
 
 
@@ -82,3 +83,35 @@ def test_page_loads_without_errors(browser, server, path):
     page, problems = visit(browser, f"{server}/{path}")
     page.close()
     assert not problems, problems
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_image_of_a_chapter_loads(browser, server, chapter):
+    page, problems = visit(browser, f"{server}/notebooks/{chapter}/{chapter}.html")
+    images = page.evaluate("[...document.images].map(i => [i.src, i.complete && i.naturalWidth > 0])")
+    page.close()
+    assert not problems, problems
+    assert all(ok for _, ok in images), [src for src, ok in images if not ok]
+
+
+def test_search_finds_a_chapter_by_a_term_in_it(browser, server):
+    page, problems = visit(browser, f"{server}/search.html?q=IsoFLOP")
+    page.wait_for_function("document.querySelectorAll('#search-results li a').length > 0", timeout=20000)
+    links = page.evaluate("[...document.querySelectorAll('#search-results li a')].map(a => a.href)")
+    page.close()
+    assert not problems, problems
+    assert any("06_scaling" in link for link in links), links
+
+
+@pytest.mark.parametrize("path", ["book/intro.html", "notebooks/07_moe/07_moe.html", "book/notation.html"])
+def test_screenshots_for_a_maintainer(browser, server, html_dir, path):
+    """Full-page screenshots in ``_build/screenshots/``, to look at after a build."""
+    out = html_dir.parent / "screenshots" / (path.replace("/", "_").removesuffix(".html") + ".png")
+    out.parent.mkdir(exist_ok=True)
+    page, problems = visit(browser, f"{server}/{path}")
+    page.wait_for_function("window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=20000)
+    page.evaluate("MathJax.startup.promise")
+    page.screenshot(path=str(out), full_page=True)
+    page.close()
+    assert not problems, problems
+    assert out.stat().st_size > 20_000, "a blank page?"
