@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from . import data
 from .model import GPT, ModelConfig
+from .sweeps import append_rows
 from .train import TrainConfig, train
 
 __all__ = ["PF_DAY", "KaplanLaw", "ChinchillaLaw", "fit_chinchilla", "isoflop_optimum", "fit_power_law",
@@ -317,18 +317,8 @@ def sweep(path: str | os.PathLike, plan: Sequence[Run] = SWEEP_PLAN, *, max_char
     if not todo:
         return []
     train_ids, val_ids = data.train_val_split(data.encode_corpus(data.shakespeare(max_chars)))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    new_file = not path.exists()
-    rows = []
-    with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=SWEEP_COLUMNS)
-        if new_file:
-            writer.writeheader()
-        for run in tqdm(todo, desc="sweep", disable=not progress):
-            rows.append(_train_run(run, train_ids, val_ids))
-            writer.writerow(rows[-1])
-            f.flush()  # a finished run survives an interruption
-    return rows
+    return append_rows(path, SWEEP_COLUMNS, todo, lambda run: _train_run(run, train_ids, val_ids),
+                       desc="sweep", progress=progress)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,10 +30,10 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from .. import data, flops
 from ..model import GPT, ModelConfig
+from ..sweeps import append_rows
 from ..train import TrainConfig, train
 from .layer import MoE, MoEConfig
 
@@ -133,18 +133,8 @@ def train_runs(path: str | os.PathLike, names=tuple(RUNS), seeds=SEEDS, *, confi
     if not todo:
         return []
     train_ids, val_ids = data.train_val_split(data.encode_corpus(data.shakespeare(max_chars)))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    new_file = not path.exists()
-    rows = []
-    with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        if new_file:
-            writer.writeheader()
-        for name, seed in tqdm(todo, desc="moe runs", disable=not progress):
-            rows.append(_train_run(name, seed, train_ids, val_ids, config))
-            writer.writerow(rows[-1])
-            f.flush()  # a finished run survives an interruption
-    return rows
+    return append_rows(path, COLUMNS, todo, lambda job: _train_run(*job, train_ids, val_ids, config),
+                       desc="moe runs", progress=progress)
 
 
 def main(argv: list[str] | None = None) -> int:

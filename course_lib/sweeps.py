@@ -1,0 +1,44 @@
+"""A results file that grows one row per finished run, so a long sweep survives interruption
+(chapters 06 and 07: ``python -m course_lib.scaling sweep``, ``python -m course_lib.moe runs``).
+
+The caller decides which jobs are still to do (those not yet in the file) and how to run one;
+:func:`append_rows` runs them in order and appends each row to the CSV as soon as it exists.
+
+>>> import tempfile, pathlib
+>>> path = pathlib.Path(tempfile.mkdtemp()) / "squares.csv"
+>>> append_rows(path, ("n", "square"), [2, 3], lambda n: {"n": n, "square": n * n}, progress=False)
+[{'n': 2, 'square': 4}, {'n': 3, 'square': 9}]
+>>> path.read_text().splitlines()
+['n,square', '2,4', '3,9']
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+__all__ = ["append_rows"]
+
+
+def append_rows(path: str | os.PathLike, columns: Sequence[str], jobs: Iterable, run: Callable[..., dict], *,
+                desc: str = "runs", progress: bool = True) -> list[dict]:
+    """``run(job)`` for each job, each returned row appended to the CSV at ``path`` (with the
+    header first if the file is new) and flushed at once; returns the rows, in order."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new_file = not path.exists()
+    jobs = list(jobs)
+    rows = []
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(columns))
+        if new_file:
+            writer.writeheader()
+        for job in tqdm(jobs, desc=desc, disable=not progress):
+            rows.append(run(job))
+            writer.writerow(rows[-1])
+            f.flush()  # a finished run survives an interruption
+    return rows
