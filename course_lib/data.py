@@ -97,7 +97,8 @@ def stage_directions() -> str:
     ['Enter THESEUS, HIPPOLYTA, PHILOSTRATE, and Attendants', 'Exit PHILOSTRATE']
     """
     lines = (line.strip() for line in _shakespeare_full().splitlines())
-    directions = (line.strip("_") for line in lines if len(line) > 2 and line[0] == line[-1] == "_")
+    directions = (line for line in lines if len(line) > 2 and line[0] == line[-1] == "_")
+    # unescape before stripping: in "_\_\[Awaking]_" an escaped underscore sits inside the outer pair
     return "\n".join(re.sub(r"\\(.)", r"\1", d).strip("_") for d in directions) + "\n"
 
 

@@ -72,9 +72,15 @@ class ParamCount:
         return self.total - self.embedding - self.position
 
 
+def _one_mlp(config: ModelConfig) -> int:
+    """Parameters of one MLP (one expert): its two (SwiGLU: three) matrices and their biases."""
+    D, F, swiglu = config.d_model, config.ff_width, config.mlp == "swiglu"
+    return (3 if swiglu else 2) * D * F + int(config.bias) * ((2 if swiglu else 1) * F + D)
+
+
 def param_count(config: ModelConfig) -> ParamCount:
     """Exact parameter count of ``model.GPT(config)``, by component, from the config alone."""
-    D, L, V, F = config.d_model, config.n_layers, config.vocab_size, config.ff_width
+    D, L, V = config.d_model, config.n_layers, config.vocab_size
     b = int(config.bias)
     kv = config.kv_heads * config.head_dim  # width of k and v: Hkv Dh
 
@@ -82,15 +88,16 @@ def param_count(config: ModelConfig) -> ParamCount:
         return d_in * d_out + b * d_out
 
     attention = linear(D, D) + 2 * linear(D, kv) + linear(D, D)  # q, k, v, o
-    mlp = (3 if config.mlp == "swiglu" else 2) * D * F + b * ((2 if config.mlp == "swiglu" else 1) * F + D)
+    mlp = _one_mlp(config)
     one_norm = D * (2 if config.norm == "layernorm" and config.bias else 1)
     n_norms = 2 * L + (1 if config.norm_position == "pre" else 0)  # pre-norm adds a final norm
-    E, K = (1, 1) if config.moe is None else (config.moe.n_experts, config.moe.top_k)
+    E = 1 if config.moe is None else config.moe.n_experts
+    router = 0 if config.moe is None else D * E  # a D x E matrix, no bias
     return ParamCount(
         embedding=V * D,
         position=config.context_length * D if config.positional == "learned" else 0,
         attention=L * attention,
-        mlp=L * E * mlp + (0 if config.moe is None else L * D * E),  # experts, and a D x E router each
+        mlp=L * (E * mlp + router),  # E experts (1 for a dense MLP) and the router, per layer
         norms=n_norms * one_norm,
         head=0 if config.tie_embeddings else V * D,
     )
@@ -99,12 +106,11 @@ def param_count(config: ModelConfig) -> ParamCount:
 def active_params(config: ModelConfig) -> int:
     """Parameters one token passes through (chapter 07): all of them for a dense model; with a
     mixture of experts, only the ``K`` chosen experts' share of the MLPs (routers included)."""
-    count = param_count(config)
+    total = param_count(config).total
     if config.moe is None:
-        return count.total
+        return total
     E, K = config.moe.n_experts, config.moe.top_k
-    experts = count.mlp - config.n_layers * config.d_model * E  # all experts, without the routers
-    return count.total - experts // E * (E - K)
+    return total - config.n_layers * (E - K) * _one_mlp(config)  # the experts a token skips
 
 
 def params_deck3(d_model: int, n_layers: int, vocab_size: int) -> int:
@@ -175,11 +181,12 @@ def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> FlopCoun
         raise ValueError(f"seq_len must be >= 1, got {S}")
     D, L, V, F = config.d_model, config.n_layers, config.vocab_size, config.ff_width
     kv = config.kv_heads * config.head_dim
-    E, K = (0, 1) if config.moe is None else (config.moe.n_experts, config.moe.top_k)
+    K = 1 if config.moe is None else config.moe.top_k
+    router = 0 if config.moe is None else 2 * D * config.moe.n_experts
     return FlopCount(
         attention_proj=L * 2 * (2 * D * D + 2 * D * kv),
         attention_mix=L * 2 * 2 * S * D,
-        mlp=L * (K * 2 * (3 if config.mlp == "swiglu" else 2) * D * F + 2 * D * E),  # K experts + router
+        mlp=L * (K * 2 * (3 if config.mlp == "swiglu" else 2) * D * F + router),  # K experts + router
         head=2 * D * V,
     )
 

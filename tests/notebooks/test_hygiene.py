@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import json
@@ -114,7 +115,8 @@ def test_figures_have_captions(chapter):
             assert cell.metadata.get("mystnb", {}).get("image", {}).get("alt"), f"cell {i}: no alt text"
 
 
-def _course_lib_names() -> set[str]:
+@functools.cache
+def _course_lib_names() -> frozenset[str]:
     """Every function and class that a course_lib algorithm module defines (tooling excluded)."""
     names = set()
     for info in pkgutil.walk_packages(course_lib.__path__, "course_lib."):
@@ -123,7 +125,7 @@ def _course_lib_names() -> set[str]:
         module = importlib.import_module(info.name)
         names |= {name for name, obj in vars(module).items()
                   if (inspect.isfunction(obj) or inspect.isclass(obj)) and obj.__module__ == module.__name__}
-    return names
+    return frozenset(names)
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
