@@ -4,11 +4,12 @@ Run from the repository root: ``python benchmarks/bench_flops.py`` (``--device c
 GPU). Prints, for this machine and device:
 
 1. the matmul rate (``flops.matmul_flops_per_second``) in fp32 and bf16 at n = 512, 1024,
-   2048: the largest is the peak that MFU divides by;
+   2048 (and 4096, 8192 on CUDA): the largest is the peak that MFU divides by;
 2. the elementwise rate (``a * b + c``, ``flops.elementwise_flops_per_second``) and its ratio
    to the fp32 matmul peak (the second deck: peak speed comes only during matmuls);
-3. a training step (forward, backward, AdamW) of course_lib GPTs at two sizes: tokens/s,
-   model FLOP/s from ``flops.training_flops`` and the MFU against the measured fp32 peak.
+3. a training step (forward, backward, AdamW) of course_lib GPTs at two sizes (on CUDA also
+   GPT-2 small, d_model 768, and each size under bf16 autocast too): tokens/s, model FLOP/s
+   from ``flops.training_flops`` and the MFU against the measured peak of that precision.
 """
 
 from __future__ import annotations
@@ -29,15 +30,21 @@ SIZES = {  # name: (config, batch)
     "L6 H6 D384 S256": (model.ModelConfig(vocab_size=256, context_length=256, d_model=384, n_layers=6,
                                           n_heads=6, attn_impl="sdpa"), 8),
 }
+CUDA_SIZES = {  # GPT-2 small: d_model 768
+    "L12 H12 D768 S1024": (model.ModelConfig(vocab_size=256, context_length=1024, d_model=768, n_layers=12,
+                                             n_heads=12, attn_impl="sdpa"), 16),
+}
 
 
-def training_tokens_per_second(config: model.ModelConfig, batch: int, dev: torch.device, steps: int) -> float:
+def training_tokens_per_second(config: model.ModelConfig, batch: int, dev: torch.device, steps: int,
+                                precision: str = "fp32") -> float:
     gpt = model.GPT(config).to(dev)
     opt = torch.optim.AdamW(gpt.parameters(), lr=1e-4)
     ids = torch.randint(0, config.vocab_size, (batch, config.context_length + 1), device=dev)
 
     def step():
-        _, loss = gpt(ids[:, :-1], ids[:, 1:])
+        with devices.autocast(dev, precision):
+            _, loss = gpt(ids[:, :-1], ids[:, 1:])
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -66,7 +73,8 @@ def main() -> None:
 
     peaks = {}
     for dtype in (torch.float32, torch.bfloat16):
-        rates = {n: flops.matmul_flops_per_second(n, dtype, dev) for n in (512, 1024, 2048)}
+        sizes = (512, 1024, 2048, 4096, 8192) if dev.type == "cuda" else (512, 1024, 2048)
+        rates = {n: flops.matmul_flops_per_second(n, dtype, dev) for n in sizes}
         peaks[dtype] = max(rates.values())
         cells = "".join(f"  n={n}: {r / 1e9:8.1f} GFLOP/s" for n, r in rates.items())
         print(f"matmul {str(dtype):15s}{cells}")
@@ -74,11 +82,14 @@ def main() -> None:
     print(f"elementwise a * b + c (fp32, 16M values): {elementwise / 1e9:.2f} GFLOP/s, "
           f"{peaks[torch.float32] / elementwise:.0f}x below the fp32 matmul peak")
 
-    for name, (config, batch) in SIZES.items():
-        tps = training_tokens_per_second(config, batch, dev, args.steps)
-        achieved = flops.training_flops(config, 1, config.context_length) * tps
-        print(f"training {name} B{batch} (fp32): {tps:9,.0f} tokens/s, {achieved / 1e9:7.1f} GFLOP/s, "
-              f"MFU {flops.mfu(achieved, peaks[torch.float32]):.1%} of the fp32 peak")
+    on_cuda = dev.type == "cuda"
+    for name, (config, batch) in (SIZES | CUDA_SIZES if on_cuda else SIZES).items():
+        for precision, dtype in [("fp32", torch.float32)] + [("bf16", torch.bfloat16)] * on_cuda:
+            tps = training_tokens_per_second(config, batch, dev, args.steps, precision)
+            achieved = flops.training_flops(config, 1, config.context_length) * tps
+            mfu = flops.mfu(achieved, peaks[dtype])
+            print(f"training {name} B{batch} ({precision}): {tps:9,.0f} tokens/s, "
+                  f"{achieved / 1e9:7.1f} GFLOP/s, MFU {mfu:.1%} of the {precision} peak")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ the same loss on the same batch before anything is timed. Prints tokens/s, secon
    same hyper-parameters for both) in fp32 at "L4 H4 D128 S64 B12" and "L6 H6 D384 S256 B8"
    (L layers, H heads, D d_model, S sequence length, B batch): course_lib with
    ``attn_impl="sdpa"`` (target: tokens/s >= HF's, ratio >= 1.0) and ``"naive"``, HF with its
-   default attention implementation;
+   default attention implementation. On CUDA the default sizes are "L6 H6 D384 S256 B8" and
+   GPT-2 small, "L12 H12 D768 S1024 B8";
 3. the same step under bf16 autocast (``course_lib.device.autocast``; HF under the same
    ``torch.autocast``): ratio to HF bf16 and to our fp32. Skipped by default where the bf16
    matmul is slow (a CPU without AVX512-BF16/AMX) and a step would take long;
@@ -46,6 +47,7 @@ from course_lib.model import GPT, ModelConfig, from_hf_gpt2
 from course_lib.train import TrainConfig, make_optimizer
 
 SIZES = ("L4 H4 D128 S64 B12", "L6 H6 D384 S256 B8")
+CUDA_SIZES = ("L6 H6 D384 S256 B8", "L12 H12 D768 S1024 B8")  # the second is GPT-2 small
 QUICK_SIZES = ("L2 H2 D64 S32 B4", "L2 H4 D128 S64 B4")
 GPT2_VOCAB = 50257  # the real GPT-2 vocabulary: the (V, D) head is most of the FLOPs at these widths
 
@@ -315,7 +317,7 @@ def main() -> None:
     threads = args.threads or (1 if quick else None)
     if threads is not None:
         torch.set_num_threads(threads)
-    sizes = args.sizes or (QUICK_SIZES if quick else SIZES)
+    sizes = args.sizes or (QUICK_SIZES if quick else CUDA_SIZES if device.type == "cuda" else SIZES)
     vocab_size = args.vocab_size or (1024 if quick else GPT2_VOCAB)
     defaults = {"warmup": 1 if quick else 2, "repeats": 2 if quick else 5,
                 "steps": 1 if quick or device.type != "cuda" else 10,

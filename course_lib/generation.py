@@ -99,7 +99,10 @@ def sample_next(logits: Tensor, temperature: float = 1.0, top_k: int | None = No
     scaled = logits.float() / temperature
     scaled = top_p_filter(top_k_filter(scaled, top_k), top_p)
     probs = torch.softmax(scaled, dim=-1)  # (B, V)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B, 1) -> (B,)
+    # A CPU generator for a model on a GPU draws on the CPU: a seed picks the same tokens on any
+    # device (up to float differences in probs).
+    where = probs.device if generator is None else generator.device
+    return torch.multinomial(probs.to(where), 1, generator=generator).squeeze(-1).to(probs.device)  # (B,)
 
 
 def left_pad(prompts, pad_id: int = 0) -> tuple[Tensor, Tensor]:
@@ -141,6 +144,12 @@ def _check_prompt(idx: Tensor, max_new_tokens: int) -> None:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
 
 
+def _device_of(model, idx: Tensor) -> torch.device:
+    """The device of the model's parameters (the prompt's if it has none)."""
+    param = next(model.parameters(), None)
+    return idx.device if param is None else param.device
+
+
 def _check_padding_mask(idx: Tensor, padding_mask: Tensor) -> None:
     if not (isinstance(padding_mask, Tensor) and padding_mask.dtype == torch.bool
             and padding_mask.shape == idx.shape):
@@ -170,11 +179,14 @@ def generate(model, idx: Tensor, max_new_tokens: int, *, temperature: float = 1.
     lengths come left-padded with their ``padding_mask (B, S)`` (from :func:`left_pad`); the
     model must then take a ``padding_mask`` keyword, as :class:`course_lib.model.GPT` does. The
     pads stay in the result: row ``b`` without them is ``out[b, int((~padding_mask[b]).sum()):]``.
-    The model runs in eval mode and is put back as it was.
+    The prompt moves to the model's device, where the result stays. The model runs in eval
+    mode and is put back as it was.
     """
     _check_prompt(idx, max_new_tokens)
+    idx = idx.to(_device_of(model, idx))
     if padding_mask is not None:
         _check_padding_mask(idx, padding_mask)
+        padding_mask = padding_mask.to(idx.device)
     C = model.config.context_length
     stops = torch.tensor(sorted(set(stop_tokens or ())), dtype=torch.long, device=idx.device)
     stopped = torch.full((idx.shape[0],), -1, dtype=torch.long, device=idx.device)  # -1: still running
@@ -217,9 +229,10 @@ def beam_search(model, idx: Tensor, max_new_tokens: int, beam_width: int, *,
     finished or surviving sequence with the best ``sum_logprob / n_new ** length_penalty``
     (``length_penalty = 0``: raw sums, which favour short sequences; 1: mean per token).
     Batch size 1 only, and every step reruns the full forward on the ``W`` beams (no cache).
-    ``beam_width = 1`` is greedy decoding.
+    ``beam_width = 1`` is greedy decoding. The prompt moves to the model's device.
     """
     _check_prompt(idx, max_new_tokens)
+    idx = idx.to(_device_of(model, idx))
     if idx.shape[0] != 1:
         raise ValueError(f"beam_search takes one prompt (batch size 1), got batch size {idx.shape[0]}")
     if beam_width < 1:

@@ -66,10 +66,12 @@ def measure_routing(model: GPT, ids: torch.Tensor, config: TrainConfig) -> tuple
     load = torch.zeros(len(layers), layers[0].config.n_experts)
     dropped = total = 0
     generator = torch.Generator().manual_seed(config.seed)
+    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     for _ in range(config.eval_batches):
-        x, _ = data.get_batch(ids, config.batch_size, model.config.context_length, generator=generator)
+        x, _ = data.get_batch(ids, config.batch_size, model.config.context_length, generator=generator,
+                              device=device)
         model(x)
         for i, layer in enumerate(layers):
             load[i] += layer.routing.load.cpu()

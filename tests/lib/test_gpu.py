@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from course_lib import attention, lora, moe, rlhf, train
+from course_lib import attention, generation, lora, moe, rlhf, train
 from course_lib import model as M
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
@@ -84,6 +84,34 @@ def test_moe_routes_in_fp32_and_dispatch_equals_the_loop_on_cuda():
     fast = moe.dispatch(x, layer.experts, moe.route(logits, c.top_k, cap))
     slow = moe.moe_reference(x, logits, layer.experts, c.top_k, cap)
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-4)
+
+
+def test_measure_routing_follows_a_model_on_cuda():
+    config = CONFIGS["moe"]
+    torch.manual_seed(0)
+    gpt = M.GPT(config)
+    ids = torch.randint(0, config.vocab_size, (2000,), generator=torch.Generator().manual_seed(0))
+    settings = train.TrainConfig(batch_size=4, eval_batches=2)
+    on_cpu = moe.runs.measure_routing(gpt, ids, settings)
+    on_cuda = moe.runs.measure_routing(gpt.to(CUDA), ids, settings)
+    torch.testing.assert_close(on_cuda[0], on_cpu[0], atol=1e-6, rtol=0)
+    assert on_cuda[1] == on_cpu[1]
+
+
+def test_generation_takes_a_cpu_prompt_and_a_cpu_generator_for_a_model_on_cuda():
+    config = CONFIGS["llama-like"]
+    torch.manual_seed(0)
+    cpu_model = M.GPT(config).eval()
+    cuda_model = copy.deepcopy(cpu_model).to(CUDA)
+    prompt = _batch(config, B=2)[:, :5]  # on the CPU
+    for kwargs in [{"greedy": True}, {"temperature": 1.0}, {"top_p": 0.9}]:
+        seeded = [dict(kwargs, generator=torch.Generator().manual_seed(3)) for _ in range(2)]
+        out = generation.generate(cuda_model, prompt, 12, **seeded[0])
+        assert out.device.type == CUDA.type
+        # a CPU generator draws on the CPU: the same seed gives the same tokens on either device
+        assert torch.equal(out.cpu(), generation.generate(cpu_model, prompt, 12, **seeded[1])), kwargs
+    beams = generation.beam_search(cuda_model, prompt[:1], 6, beam_width=3)
+    assert torch.equal(beams.cpu(), generation.beam_search(cpu_model, prompt[:1], 6, beam_width=3))
 
 
 def test_lora_on_cuda_trains_only_the_adapters_and_merges_exactly():
