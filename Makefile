@@ -12,6 +12,8 @@ PY     := $(BIN)/python
 CHAPTER ?= all
 GRADING ?= grading
 STAMP  := $(VENV)/.installed
+# Jupyter refuses to run as root (a container, a cloud machine) unless told that it is meant.
+AS_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 
 .PHONY: help install book test test-fast release collect grade export formgrader mutants check lab bench checkpoint sweep moe-runs lint constraints clean
 
@@ -68,7 +70,7 @@ export: $(STAMP)
 
 # The formgrader (manual grading) needs JupyterLab started in the course folder.
 formgrader: $(STAMP)
-	$(BIN)/jupyter lab --ServerApp.root_dir=.
+	$(BIN)/jupyter lab --ServerApp.root_dir=. $(AS_ROOT)
 
 # Mutation testing of the graders: every chapter's catalogue, kill rate and survivors.
 mutants: $(STAMP)
@@ -78,7 +80,7 @@ check: $(STAMP)
 	$(PY) -m course_lib.grading.check $(NB)
 
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab notebooks/ $(AS_ROOT) $(LAB_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_bpe.py
