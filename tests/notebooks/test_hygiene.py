@@ -97,6 +97,17 @@ def test_every_exercise_has_visible_and_hidden_tests(chapter):
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
+def test_notebooks_leave_the_device_to_course_lib(chapter):
+    """A notebook runs on CUDA when there is one: it never puts work on a device it names itself
+    (``device="cpu"``, ``torch.device("cuda")``, ``.to("cpu")``; ``x.cpu()`` for a result and
+    ``dev.type == "cuda"`` are fine)."""
+    nb = notebook.read(config.solution_path(chapter))
+    code = "\n".join(cell.source for cell in nb.cells if cell.cell_type == "code")
+    pinned = re.findall(r"""[^\n]*(?:device\s*=\s*|torch\.device\(\s*|\.to\(\s*)["'](?:cpu|cuda|mps)[^\n]*""", code)
+    assert not pinned, f"use course_lib.device.get_device() (or a TrainConfig's default) instead: {pinned}"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
 def test_notebooks_import_course_lib_modules_not_names(chapter):
     nb = notebook.read(config.solution_path(chapter))
     for cell in nb.cells:
