@@ -26,7 +26,6 @@ Notation: this module keeps the papers' letters, which differ from the rest of t
 
 from __future__ import annotations
 
-import argparse
 import csv
 import itertools
 import math
@@ -40,7 +39,7 @@ import torch
 
 from . import data
 from .model import GPT, ModelConfig
-from .sweeps import append_rows
+from .sweeps import append_rows, parse_command_line
 from .train import TrainConfig, train
 
 __all__ = ["PF_DAY", "KaplanLaw", "ChinchillaLaw", "fit_chinchilla", "isoflop_optimum", "fit_power_law",
@@ -323,20 +322,14 @@ def sweep(path: str | os.PathLike, plan: Sequence[Run] = SWEEP_PLAN, *, max_char
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m course_lib.scaling sweep [--out PATH] [--quick] [--threads N]``."""
-    parser = argparse.ArgumentParser(prog="python -m course_lib.scaling")
-    sub = parser.add_subparsers(dest="command", required=True)
-    cmd = sub.add_parser("sweep", help="train the grid of small models and write (or complete) its CSV")
-    cmd.add_argument("--out", default=None, help=f"CSV to write or complete (default: {SWEEP_CSV}; "
-                                                  "with --quick: scaling_sweep_quick.csv)")
-    cmd.add_argument("--quick", action="store_true", help="three tiny runs on 200k characters: a smoke test")
-    cmd.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    args = parser.parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    out = Path(args.out or ("scaling_sweep_quick.csv" if args.quick else SWEEP_CSV))
-    rows = sweep(out, QUICK_PLAN if args.quick else SWEEP_PLAN, max_chars=200_000 if args.quick else None)
-    print(f"{out}: trained {len(rows)} runs in {sum(r['seconds'] for r in rows):.0f} s; "
-          f"{len(read_sweep(out))} runs in the file")
+    args = parse_command_line("python -m course_lib.scaling", "sweep",
+                              "train the grid of small models and write (or complete) its CSV",
+                              SWEEP_CSV, "scaling_sweep_quick.csv",
+                              "three tiny runs on 200k characters: a smoke test", argv)
+    plan, max_chars = (QUICK_PLAN, 200_000) if args.quick else (SWEEP_PLAN, None)
+    rows = sweep(args.out, plan, max_chars=max_chars)
+    print(f"{args.out}: trained {len(rows)} runs in {sum(r['seconds'] for r in rows):.0f} s; "
+          f"{len(read_sweep(args.out))} runs in the file")
     return 0
 
 

@@ -3,6 +3,7 @@
 
 The caller decides which jobs are still to do (those not yet in the file) and how to run one;
 :func:`append_rows` runs them in order and appends each row to the CSV as soon as it exists.
+:func:`parse_command_line` is the two scripts' shared command line.
 
 >>> import tempfile, pathlib
 >>> path = pathlib.Path(tempfile.mkdtemp()) / "squares.csv"
@@ -14,6 +15,7 @@ The caller decides which jobs are still to do (those not yet in the file) and ho
 
 from __future__ import annotations
 
+import argparse
 import csv
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -21,7 +23,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-__all__ = ["append_rows"]
+__all__ = ["append_rows", "parse_command_line"]
 
 
 def append_rows(path: str | os.PathLike, columns: Sequence[str], jobs: Iterable, run: Callable[..., dict], *,
@@ -42,3 +44,24 @@ def append_rows(path: str | os.PathLike, columns: Sequence[str], jobs: Iterable,
             writer.writerow(rows[-1])
             f.flush()  # a finished run survives an interruption
     return rows
+
+
+def parse_command_line(prog: str, command: str, help: str, default_csv: Path, quick_csv: str, quick_help: str,
+                       argv: list[str] | None = None) -> argparse.Namespace:
+    """``prog command [--out PATH] [--quick] [--threads N]``: parses ``argv``, applies
+    ``--threads`` and returns the arguments with ``out`` resolved to a Path (``default_csv``, or
+    ``quick_csv`` with ``--quick``)."""
+    import torch
+
+    parser = argparse.ArgumentParser(prog=prog)
+    sub = parser.add_subparsers(dest="command", required=True)
+    cmd = sub.add_parser(command, help=help)
+    cmd.add_argument("--out", default=None, help=f"CSV to write or complete (default: {default_csv}; "
+                                                  f"with --quick: {quick_csv})")
+    cmd.add_argument("--quick", action="store_true", help=quick_help)
+    cmd.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    args.out = Path(args.out or (quick_csv if args.quick else default_csv))
+    return args

@@ -22,7 +22,6 @@ shipped ``course_lib/results/moe_runs.csv``. About 15 minutes on 2 CPU cores.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import os
@@ -33,7 +32,7 @@ import torch
 
 from .. import data, flops
 from ..model import GPT, ModelConfig
-from ..sweeps import append_rows
+from ..sweeps import append_rows, parse_command_line
 from ..train import TrainConfig, train
 from .layer import MoE, MoEConfig
 
@@ -141,21 +140,13 @@ def train_runs(path: str | os.PathLike, names=tuple(RUNS), seeds=SEEDS, *, confi
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m course_lib.moe runs [--out PATH] [--quick] [--threads N]``."""
-    parser = argparse.ArgumentParser(prog="python -m course_lib.moe")
-    sub = parser.add_subparsers(dest="command", required=True)
-    cmd = sub.add_parser("runs", help="train the chapter's dense and MoE runs; write (or complete) the CSV")
-    cmd.add_argument("--out", default=None, help=f"CSV to write or complete (default: {RUNS_CSV}; "
-                                                  "with --quick: moe_runs_quick.csv)")
-    cmd.add_argument("--quick", action="store_true", help="20 steps per run on 100k characters: a smoke test")
-    cmd.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    args = parser.parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    out = Path(args.out or ("moe_runs_quick.csv" if args.quick else RUNS_CSV))
+    args = parse_command_line("python -m course_lib.moe", "runs",
+                              "train the chapter's dense and MoE runs; write (or complete) the CSV", RUNS_CSV,
+                              "moe_runs_quick.csv", "20 steps per run on 100k characters: a smoke test", argv)
     config = dataclasses.replace(TRAIN, max_steps=20, warmup_steps=2, eval_every=10, eval_batches=2) \
         if args.quick else TRAIN
-    rows = train_runs(out, seeds=SEEDS[:1] if args.quick else SEEDS, config=config,
+    rows = train_runs(args.out, seeds=SEEDS[:1] if args.quick else SEEDS, config=config,
                       max_chars=100_000 if args.quick else None)
-    print(f"{out}: trained {len(rows)} runs in {sum(r['seconds'] for r in rows):.0f} s; "
-          f"{sum(map(len, read_runs(out).values()))} runs in the file")
+    print(f"{args.out}: trained {len(rows)} runs in {sum(r['seconds'] for r in rows):.0f} s; "
+          f"{sum(map(len, read_runs(args.out).values()))} runs in the file")
     return 0
