@@ -1,22 +1,41 @@
-"""Mutation testing of the graders: plausible wrong answers must fail their exercise's tests.
+"""The graders' self-test: wrong answers must fail, correct answers written differently must pass,
+and every verdict must be the same on every machine.
 
-A chapter's catalogue, ``tests/mutants/NN_name.yaml``, lists entries
-``{grade_id: ex_<name>, find: ..., replace: ..., why: ...}``: the wrong answer is the solution
-cell of that exercise with ``find`` replaced by ``replace``. Grading runs in one worker process
-per chapter, without a kernel per mutant: the set-up cells run once, then for each mutant the
-mutated solution and the exercise's full tests (hidden ones included) run in a copy of the
-set-up namespace, with a time limit. A mutant is *killed* if anything raises.
+Two catalogues per chapter, in the same format:
 
-    python -m course_lib.grading.mutants 01_tokenization     # prints each verdict, exit 1 if < 90%
+- ``tests/mutants/NN_name.yaml``: plausible **wrong** answers. Each entry is
+  ``{grade_id: ex_<name>, find: ..., replace: ..., why: ...}``: the exercise's solution cell with
+  ``find`` replaced by ``replace``. A mutant is *killed* if its tests raise; the kill rate must be
+  at least 90%.
+- ``tests/acceptance/NN_name.yaml``: **correct** answers written the way students write them and
+  differently from the reference. An entry has ``find``/``replace`` like a mutant, or ``answer``:
+  the whole code between ``### BEGIN SOLUTION`` and ``### END SOLUTION``. Any failure is a false
+  reject, and the false-reject rate must be 0.
+
+Grading runs in one worker process per chapter, without a kernel per answer: the set-up cells
+run once, then each answer and its exercise's full tests (hidden ones included) run in a copy of
+the set-up namespace, with a time limit. The reference solutions are graded first, as answers
+like any other. Before each answer the global random state is reset to a seed that differs
+between runs of the matrix, so a test that draws from it instead of its own generator is caught.
+
+The **matrix** stands in for other machines on this one: 1 and 2 threads, each on the CPU kernels
+torch and MKL pick here and on the portable ones they can be forced to (``ATEN_CPU_CAPABILITY=
+default``, ``MKL_CBWR=COMPATIBLE``, ``ONEDNN_MAX_CPU_ISA=SSE41``). Every verdict must agree.
+
+    python -m course_lib.grading.mutants 01_tokenization      # one chapter, this machine as it is
+    python -m course_lib.grading.mutants all --matrix         # every chapter under the matrix
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import random
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,14 +43,32 @@ from . import config, notebook
 
 KILL_RATE_TARGET = 0.9
 MIN_PER_EXERCISE = 10  # plausible wrong answers per exercise
+MIN_ACCEPTED_PER_EXERCISE = 4  # correct answers written differently, per exercise
+SOLUTION_BEGIN, SOLUTION_END = "### BEGIN SOLUTION", "### END SOLUTION"
+KINDS = ("reference", "acceptance", "mutant")
+
+# name -> (threads, environment); the global seed of each run is its position in this table.
+_PORTABLE = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"}
+MATRIX: dict[str, tuple[int, dict[str, str]]] = {
+    "2 threads, native kernels": (2, {}),
+    "1 thread, native kernels": (1, {}),
+    "2 threads, portable kernels": (2, _PORTABLE),
+    "1 thread, portable kernels": (1, _PORTABLE),
+}
 
 
 @dataclass(frozen=True)
 class Verdict:
+    kind: str  # "reference" | "acceptance" | "mutant"
     grade_id: str
     why: str
-    killed: bool
+    failed: bool  # the tests raised: right for a mutant, a false reject otherwise
     detail: str
+
+    @property
+    def right(self) -> bool:
+        """The grader did the right thing with this answer."""
+        return self.failed == (self.kind == "mutant")
 
 
 class _Timeout(Exception):
@@ -52,22 +89,54 @@ def _run(code: str, namespace: dict, seconds: int) -> str:
     except _Timeout:
         return f"timed out after {seconds} s"
     except BaseException as e:  # noqa: BLE001 (a wrong answer may raise anything, SystemExit too)
-        return f"{type(e).__name__}: {e}"[:200]
+        return f"{type(e).__name__}: {e}"[:300]
     finally:
         signal.alarm(0)
 
 
-def catalogue_path(chapter: str) -> Path:
-    return config.root() / "tests" / "mutants" / f"{chapter}.yaml"
+def catalogue_path(chapter: str, kind: str = "mutant") -> Path:
+    folder = {"mutant": "mutants", "acceptance": "acceptance"}[kind]
+    return config.root() / "tests" / folder / f"{chapter}.yaml"
 
 
-def grade_in_process(chapter: str) -> list[Verdict]:
-    """Grade every mutant of ``chapter`` in this process (the worker's body)."""
+def load_catalogue(chapter: str, kind: str) -> list[dict]:
+    import yaml
+
+    path = catalogue_path(chapter, kind)
+    if not path.is_file():
+        raise FileNotFoundError(f"no {kind} catalogue for {chapter}: {path}")
+    return yaml.safe_load(path.read_text(encoding="utf-8")) or []
+
+
+def apply(entry: dict, solution: str) -> str:
+    """The solution cell with a catalogue entry applied (find/replace, or a whole new answer)."""
+    if "answer" in entry:
+        start, end = solution.find(SOLUTION_BEGIN), solution.find(SOLUTION_END)
+        if start < 0 or end < start:
+            raise ValueError(f"{entry['why']!r}: the solution of {entry['grade_id']} has no solution markers")
+        indent = solution[solution.rfind("\n", 0, start) + 1:start]
+        body = "".join(indent + line if line.strip() else line
+                       for line in entry["answer"].rstrip("\n").splitlines(keepends=True))
+        return solution[:start] + SOLUTION_BEGIN + "\n" + body + "\n" + indent + solution[end:]
+    if entry["find"] not in solution:
+        raise ValueError(f"{entry['why']!r}: {entry['find']!r} is not in {entry['grade_id']}'s solution")
+    return solution.replace(entry["find"], entry["replace"], 1)
+
+
+def _reseed(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def grade_in_process(chapter: str, seed: int = 0) -> list[Verdict]:
+    """Grade the references and both catalogues of ``chapter`` in this process (the worker's body)."""
     import matplotlib
 
     matplotlib.use("Agg")
-    import yaml
-
     nb = notebook.read(config.solution_path(chapter))
     exercises = {ex.name: ex for ex in notebook.exercises(nb)}
     timeout = config.cell_timeout()
@@ -76,51 +145,122 @@ def grade_in_process(chapter: str) -> list[Verdict]:
         error = _run(nb.cells[i].source, base, timeout)
         if error:
             raise RuntimeError(f"set-up cell {i} of {chapter} failed: {error}")
+    answers = [("reference", {"grade_id": name, "why": "the reference solution"}) for name in exercises]
+    answers += [("acceptance", e) for e in load_catalogue(chapter, "acceptance")]
+    answers += [("mutant", e) for e in load_catalogue(chapter, "mutant")]
     verdicts = []
-    # The unmutated answers must pass, or no verdict would mean anything.
-    for name, ex in exercises.items():
-        answer = nb.cells[ex.solution_cell].source + "\n" + nb.cells[ex.test_cell].source
-        error = _run(answer, dict(base), timeout)
-        if error:
-            raise RuntimeError(f"the solution of {name} fails its own tests: {error}")
-    for m in yaml.safe_load(catalogue_path(chapter).read_text(encoding="utf-8")):
-        ex = exercises.get(m["grade_id"])
+    for index, (kind, entry) in enumerate(answers):
+        ex = exercises.get(entry["grade_id"])
         if ex is None:
-            raise ValueError(f"mutant for unknown exercise {m['grade_id']!r} in {chapter}")
+            raise ValueError(f"{kind} entry for unknown exercise {entry['grade_id']!r} in {chapter}")
         solution = nb.cells[ex.solution_cell].source
-        if m["find"] not in solution:
-            raise ValueError(f"mutant {m['why']!r}: {m['find']!r} is not in {ex.name}'s solution")
-        mutated = solution.replace(m["find"], m["replace"], 1)
-        error = _run(mutated + "\n" + nb.cells[ex.test_cell].source, dict(base), timeout)
-        verdicts.append(Verdict(ex.name, m["why"], bool(error), error))
+        code = solution if kind == "reference" else apply(entry, solution)
+        _reseed(1000 * seed + index)
+        error = _run(code + "\n" + nb.cells[ex.test_cell].source, dict(base), timeout)
+        verdicts.append(Verdict(kind, ex.name, entry["why"], bool(error), error))
     return verdicts
 
 
-def grade(chapter: str) -> list[Verdict]:
-    """Grade every mutant of ``chapter`` in a fresh worker process."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "course_lib.grading.mutants", chapter, "--json"],
-        capture_output=True, text=True, cwd=config.solution_path(chapter).parent,
-    )
-    if proc.returncode not in (0, 1):
-        raise RuntimeError(f"mutant worker for {chapter} failed:\n{proc.stderr[-3000:]}")
+def grade(chapter: str, setting: str | None = None) -> list[Verdict]:
+    """Grade ``chapter`` in a fresh worker process, under one setting of ``MATRIX`` (default: as is)."""
+    cmd = [sys.executable, "-m", "course_lib.grading.mutants", chapter, "--json"]
+    env = dict(os.environ)
+    if setting is not None:
+        threads, extra = MATRIX[setting]
+        cmd += ["--threads", str(threads), "--seed", str(list(MATRIX).index(setting))]
+        env.update(extra, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                          cwd=config.solution_path(chapter).parent)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise RuntimeError(f"grader self-test worker for {chapter} ({setting or 'as is'}) failed:\n"
+                           f"{proc.stderr[-3000:]}")
     return [Verdict(**v) for v in json.loads(proc.stdout.strip().splitlines()[-1])]
 
 
+def grade_matrix(chapter: str, jobs: int = 2) -> dict[str, list[Verdict]]:
+    """Grade ``chapter`` under every setting of ``MATRIX``, ``jobs`` workers at a time."""
+    with ThreadPoolExecutor(jobs) as pool:
+        return dict(zip(MATRIX, pool.map(lambda s: grade(chapter, s), MATRIX), strict=True))
+
+
+def disagreements(runs: dict[str, list[Verdict]]) -> list[str]:
+    """Answers whose verdict is not the same in every run of the matrix."""
+    out = []
+    for row in zip(*runs.values(), strict=True):
+        if len({v.failed for v in row}) > 1:
+            first = row[0]
+            where = ", ".join(f"{name}: {'fail' if v.failed else 'pass'}" for name, v in zip(runs, row, strict=True))
+            out.append(f"{first.kind} {first.grade_id} ({first.why}): {where}")
+    return out
+
+
+@dataclass(frozen=True)
+class Summary:
+    chapter: str
+    accepted_cases: int  # references and acceptance entries
+    false_rejects: list[str]
+    mutants: int
+    survivors: list[str]
+
+    @property
+    def kill_rate(self) -> float:
+        return 1 - len(self.survivors) / max(self.mutants, 1)
+
+    @property
+    def ok(self) -> bool:
+        return not self.false_rejects and self.kill_rate >= KILL_RATE_TARGET
+
+    def line(self) -> str:
+        return (f"{self.chapter:<18} correct answers {self.accepted_cases:4d}, false rejects "
+                f"{len(self.false_rejects):2d} ({len(self.false_rejects) / max(self.accepted_cases, 1):.0%}); "
+                f"mutants {self.mutants:4d}, kill rate {self.kill_rate:5.1%}")
+
+
+def summarize(chapter: str, runs: dict[str, list[Verdict]]) -> Summary:
+    """Counts over every run: a correct answer failed in any setting is a false reject, and a
+    mutant that survived in any setting is a survivor."""
+    correct, wrong = [], []
+    for row in zip(*runs.values(), strict=True):
+        first = row[0]
+        failure = next((v for v in row if v.failed), None)
+        if first.kind == "mutant":
+            wrong.append(None if all(v.failed for v in row) else f"{first.grade_id}: {first.why}")
+        else:
+            correct.append(failure and f"{first.kind} {first.grade_id} ({first.why}): {failure.detail}")
+    return Summary(chapter, len(correct), [c for c in correct if c], len(wrong), [w for w in wrong if w])
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Grade a chapter's mutant catalogue.")
-    parser.add_argument("chapter")
-    parser.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    parser = argparse.ArgumentParser(description="The graders' self-test: mutant and acceptance catalogues.")
+    parser.add_argument("chapter", help="a chapter (01_tokenization or 01) or 'all'")
+    parser.add_argument("--matrix", action="store_true", help="run under every setting of the matrix")
+    parser.add_argument("--json", action="store_true", help="(worker) print the verdicts as JSON")
+    parser.add_argument("--threads", type=int, default=None, help="(worker) torch threads")
+    parser.add_argument("--seed", type=int, default=0, help="(worker) global seed of this run")
     args = parser.parse_args(argv)
-    verdicts = grade_in_process(args.chapter)
-    rate = sum(v.killed for v in verdicts) / max(len(verdicts), 1)
     if args.json:
-        print(json.dumps([asdict(v) for v in verdicts]))
-    else:
-        for v in verdicts:
-            print(f"{'killed ' if v.killed else 'SURVIVED'} {v.grade_id}: {v.why}")
-        print(f"Kill rate: {rate:.0%} of {len(verdicts)} mutants (target {KILL_RATE_TARGET:.0%}).")
-    return 0 if rate >= KILL_RATE_TARGET else 1
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        print(json.dumps([asdict(v) for v in grade_in_process(args.chapter, args.seed)]))
+        return 0
+    failed = False
+    for chapter in config.resolve_chapters(args.chapter):
+        runs = grade_matrix(chapter) if args.matrix else {"as is": grade(chapter)}
+        summary = summarize(chapter, runs)
+        split = disagreements(runs)
+        for problem in summary.false_rejects:
+            print(f"  FALSE REJECT {problem}")
+        for problem in summary.survivors:
+            print(f"  SURVIVED     {problem}")
+        for problem in split:
+            print(f"  DIFFERS      {problem}")
+        print(summary.line() + (f"; {len(runs)} settings agree" if len(runs) > 1 and not split else ""), flush=True)
+        failed |= not summary.ok or bool(split)
+    print(f"Targets: no false reject, kill rate at least {KILL_RATE_TARGET:.0%}"
+          + (", the same verdicts in every setting." if args.matrix else "."))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
