@@ -17,7 +17,8 @@ We allow
 
 elementwise, where ``scale`` is the largest ``|reference|`` over the whole tensor (so an element
 that cancels to nearly zero is judged against the size of the values around it) unless the test
-passes the size of the terms that cancel. For float32 and ``n = 1`` that is ``3.8e-6``; for
+passes the size of the terms that cancel, plus a floor of ``64 * tiny`` (the smallest normal
+number of the format) so that a value that legitimately underflows to 0 is not an error. For float32 and ``n = 1`` that is ``3.8e-6``; for
 ``n = 1000``, ``1.2e-4``. The factor 64 covers a few chained operations and ``u * n`` growth for
 short sums; a wrong answer (a missing scale, a wrong axis, an off-by-one) is off by far more.
 Tests whose answer goes through many layers pass ``terms`` = the number of multiply-adds along
@@ -124,7 +125,7 @@ def assert_close(actual, expected, what: str, *, precision: torch.dtype = torch.
     tol = tolerance(precision, terms)
     finite = torch.isfinite(want)
     size = scale if scale is not None else (want[finite].abs().max().item() if finite.any() else 0.0)
-    bound = tol * (want.abs() + size)
+    bound = tol * (want.abs() + size) + SAFETY * torch.finfo(precision).tiny  # underflow is no error
     diff = (got - want).abs()
     bad = ~(diff <= bound)  # NaN differences count as bad
     bad &= finite  # infinities and NaN are judged below

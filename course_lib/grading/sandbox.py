@@ -15,7 +15,8 @@ student's code. The worker runs:
 Inside, every code cell runs with the course's per-cell time limit. An error or timeout is
 recorded in that cell and the next cells run; if the kernel dies (``os._exit``, a crash, the
 memory cap), a new kernel starts, the set-up cells run again and grading goes on from the next
-cell. Output beyond ``MAX_OUTPUT_CHARS`` per cell is dropped with a note.
+cell. Output beyond ``MAX_OUTPUT_CHARS`` per cell is dropped with a note. Only an error costs a
+test cell its points: warnings and other stderr output in test cells are kept as stdout.
 """
 
 from __future__ import annotations
@@ -136,7 +137,17 @@ def _truncate(cell) -> None:
         elif "data" in out and _size([out]) > MAX_OUTPUT_CHARS:
             out.data = {"text/plain": "[large output removed]"}
     note = f"\n[output truncated after {MAX_OUTPUT_CHARS} characters]\n"
-    cell.outputs.append(nbformat.v4.new_output("stream", name="stderr", text=note))
+    cell.outputs.append(nbformat.v4.new_output("stream", name="stdout", text=note))  # a note, not a failure
+
+
+def _stderr_to_stdout(cell) -> None:
+    """nbgrader gives no points for a test cell with any stderr output; a warning raised while the
+    tests ran (a deprecation in a library the answer calls, say) is not a failure, so in test cells
+    stderr becomes stdout. Only an error output costs points."""
+    if notebook.nbgrader_meta(cell).get("grade"):
+        for out in cell.outputs:
+            if out.output_type == "stream" and out.name == "stderr":
+                out.name = "stdout"
 
 
 def execute(nb, timeout: int, path: str) -> nbformat.NotebookNode:
@@ -167,6 +178,7 @@ def execute(nb, timeout: int, path: str) -> nbformat.NotebookNode:
                     break
                 finally:
                     _truncate(nb.cells[index])
+                    _stderr_to_stdout(nb.cells[index])
     return nb
 
 

@@ -1,0 +1,105 @@
+"""The graders' self-test, per chapter: the references and every correct answer of the acceptance
+catalogue pass, at least 90% of the mutants fail, and every verdict is the same under each setting
+of the matrix (1 and 2 threads, native and portable CPU kernels, other global seeds)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from course_lib.grading import config, mutants, notebook
+from tests.conftest import CHAPTERS
+
+KEYS = {"mutant": {"grade_id", "find", "replace", "why"}, "acceptance": {"grade_id", "why"}}
+
+
+@functools.cache
+def matrix_runs(chapter: str) -> dict[str, list[mutants.Verdict]]:
+    return mutants.grade_matrix(chapter)
+
+
+def _solutions(chapter: str) -> dict[str, str]:
+    """Each exercise's solution cell, by name."""
+    nb = notebook.read(config.solution_path(chapter))
+    return {ex.name: nb.cells[ex.solution_cell].source for ex in notebook.exercises(nb)}
+
+
+@pytest.mark.parametrize("kind, least", [("mutant", mutants.MIN_PER_EXERCISE),
+                                         ("acceptance", mutants.MIN_ACCEPTED_PER_EXERCISE)])
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_catalogue_covers_every_exercise(chapter, kind, least):
+    catalogue = mutants.load_catalogue(chapter, kind)
+    solutions = _solutions(chapter)
+    names = set(solutions)
+    counts = {name: sum(e["grade_id"] == name for e in catalogue) for name in names}
+    assert {e["grade_id"] for e in catalogue} <= names, "entries for exercises that do not exist"
+    assert all(n >= least for n in counts.values()), f"fewer than {least} {kind} entries: {counts}"
+    for e in catalogue:
+        assert KEYS[kind] <= set(e) <= KEYS[kind] | {"find", "replace", "answer"}, e
+        assert ("answer" in e) != ("find" in e), f"{e['why']}: give either answer or find/replace"
+        assert mutants.apply(e, solutions[e["grade_id"]]) != solutions[e["grade_id"]], e["why"]
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_references_and_correct_answers_pass_in_every_setting(chapter):
+    summary = mutants.summarize(chapter, matrix_runs(chapter))
+    assert not summary.false_rejects, "\n".join(summary.false_rejects)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_kill_rate_at_least_90_percent_in_every_setting(chapter):
+    summary = mutants.summarize(chapter, matrix_runs(chapter))
+    assert summary.kill_rate >= mutants.KILL_RATE_TARGET, \
+        f"kill rate {summary.kill_rate:.0%}; survivors:\n" + "\n".join(summary.survivors)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_verdict_is_the_same_in_every_setting(chapter):
+    split = mutants.disagreements(matrix_runs(chapter))
+    assert not split, "\n".join(split)
+
+
+def test_answer_entries_replace_the_solution_body_at_its_indentation():
+    solution = "def f(x):\n    '''doc'''\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION\n"
+    entry = {"grade_id": "ex_f", "why": "other", "answer": "y = x\n\nif y:\n    return y\nreturn 0\n"}
+    assert mutants.apply(entry, solution) == (
+        "def f(x):\n    '''doc'''\n    ### BEGIN SOLUTION\n    y = x\n\n    if y:\n        return y\n"
+        "    return 0\n    ### END SOLUTION\n")
+    with pytest.raises(ValueError, match="is not in"):
+        mutants.apply({"grade_id": "ex_f", "why": "w", "find": "nowhere", "replace": ""}, solution)
+
+
+def test_a_test_that_reads_the_global_random_state_is_caught():
+    """The reseeding behind the matrix: the same unseeded draw differs between settings."""
+    draws = []
+    for seed in (0, 1):
+        mutants._reseed(seed)
+        draws.append(torch.rand(3))
+    assert not torch.equal(*draws)
+
+
+def test_summary_counts_a_failure_in_any_setting():
+    def verdict(kind, failed):
+        return mutants.Verdict(kind, "ex_a", "w", failed, "boom" if failed else "")
+
+    runs = {"one": [verdict("acceptance", False), verdict("mutant", True), verdict("mutant", True)],
+            "two": [verdict("acceptance", True), verdict("mutant", False), verdict("mutant", True)]}
+    summary = mutants.summarize("00_x", runs)
+    assert len(summary.false_rejects) == 1 and len(summary.survivors) == 1 and summary.mutants == 2
+    assert not summary.ok
+    assert len(mutants.disagreements(runs)) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on a GPU machine)")
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_verdicts_with_a_gpu_equal_those_without(chapter, monkeypatch):
+    """course_lib picks CUDA where it can (training, models): the verdicts must not change."""
+    with_gpu = mutants.grade(chapter)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the worker process sees no GPU
+    without = mutants.grade(chapter)
+    split = mutants.disagreements({"CUDA": with_gpu, "CPU only": without})
+    assert not split, "\n".join(split)
+    assert not mutants.summarize(chapter, {"CUDA": with_gpu}).false_rejects
