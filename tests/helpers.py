@@ -8,6 +8,7 @@ import nbformat
 import yaml
 
 from course_lib.grading import config, notebook
+from course_lib.grading.mutants import apply as apply_mutant
 from tests.conftest import ROOT
 
 
@@ -16,14 +17,14 @@ def mutants(chapter: str) -> list[dict]:
     return yaml.safe_load((ROOT / "tests" / "mutants" / f"{chapter}.yaml").read_text())
 
 
-def apply_mutant(source: str, mutant: dict) -> str:
-    assert mutant["find"] in source, f"mutant {mutant} does not apply"
-    return source.replace(mutant["find"], mutant["replace"], 1)
+def acceptance(chapter: str) -> list[dict]:
+    """The chapter's catalogue of correct answers written differently, tests/acceptance/<chapter>.yaml."""
+    return yaml.safe_load((ROOT / "tests" / "acceptance" / f"{chapter}.yaml").read_text())
 
 
 def answered(chapter: str, answer: set[str] | None = None, mutant: dict | None = None):
     """The student notebook with the solution pasted into each exercise in ``answer`` (all if
-    None); ``mutant`` then changes one of them into a plausible wrong answer."""
+    None); ``mutant`` (an entry of either catalogue) then changes one of them."""
     student = notebook.read(config.student_path(chapter))
     solution = notebook.read(config.solution_path(chapter))
     sol_cells = {notebook.nbgrader_meta(c).get("grade_id"): c.source for c in solution.cells}
@@ -33,7 +34,7 @@ def answered(chapter: str, answer: set[str] | None = None, mutant: dict | None =
             if answer is None or gid in answer:
                 cell.source = sol_cells[gid]
             if mutant is not None and gid == mutant["grade_id"]:
-                cell.source = apply_mutant(sol_cells[gid], mutant)
+                cell.source = apply_mutant(mutant, sol_cells[gid])
     return student
 
 

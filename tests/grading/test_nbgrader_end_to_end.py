@@ -1,7 +1,9 @@
 """nbgrader end to end, through the make target an instructor uses, in a temporary course folder.
 
-Three students: one hands in the untouched notebook, one the right answers, one the right answers
-but for a single plausible wrong one (the first mutant of the chapter's catalogue).
+Students: one hands in the untouched notebook, one the right answers, one the right answers but
+for a single plausible wrong one (the first mutant of the chapter's catalogue), one the right
+answers but for one written differently (the last entry of the acceptance catalogue), and one
+with the last mutant (a sample of the in-process verdicts).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pytest
 from course_lib.grading import config, notebook
 from course_lib.grading import mutants as mutant_grader
 from tests.conftest import CHAPTERS, ROOT
-from tests.helpers import answered, mutants, write
+from tests.helpers import acceptance, answered, mutants, write
 
 CHAPTER = CHAPTERS[0]
 
@@ -33,6 +35,7 @@ def graded(tmp_path_factory):
     write(answered(CHAPTER, mutant=mutant), grading / "submitted" / "one_wrong" / target)
     # A sample of the catalogue (the last mutant, of another exercise) graded by nbgrader too.
     write(answered(CHAPTER, mutant=mutants(CHAPTER)[-1]), grading / "submitted" / "sampled" / target)
+    write(answered(CHAPTER, mutant=acceptance(CHAPTER)[-1]), grading / "submitted" / "other_right" / target)
     proc = subprocess.run(
         ["make", "-o", ".venv/.installed", "grade", f"CHAPTER={CHAPTER}", f"GRADING={grading}",
          f"PY={sys.executable}"],
@@ -72,16 +75,21 @@ def test_one_wrong_answer_loses_exactly_that_exercise(graded):
     assert float(rows["one_wrong"]["autograded"]) == sum(points.values()) - points[wrong]
 
 
-def test_in_process_mutant_verdicts_agree_with_nbgrader(graded):
-    """The fast mutant grader and real nbgrader agree on the sampled wrong answers."""
+def test_a_correct_answer_written_differently_gets_full_marks(graded):
     _, rows, _ = graded
-    catalogue = mutants(CHAPTER)
+    assert float(rows["other_right"]["autograded"]) == sum(_points().values()), acceptance(CHAPTER)[-1]["why"]
+
+
+def test_in_process_verdicts_agree_with_nbgrader(graded):
+    """The fast self-test and real nbgrader agree on the sampled answers, right and wrong."""
+    _, rows, _ = graded
     verdicts = mutant_grader.grade(CHAPTER)
+    wrong = [v for v in verdicts if v.kind == "mutant"]
+    right = [v for v in verdicts if v.kind == "acceptance"]
     points = _points()
-    for student, index in [("one_wrong", 0), ("sampled", len(catalogue) - 1)]:
-        exercise = catalogue[index]["grade_id"]
-        lost = float(rows[student][exercise]) < points[exercise]
-        assert verdicts[index].killed == lost, (student, catalogue[index]["why"])
+    for student, verdict in [("one_wrong", wrong[0]), ("sampled", wrong[-1]), ("other_right", right[-1])]:
+        lost = float(rows[student][verdict.grade_id]) < points[verdict.grade_id]
+        assert verdict.failed == lost, (student, verdict.why)
 
 
 def test_feedback_is_written_for_every_student(graded):
