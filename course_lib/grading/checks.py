@@ -91,13 +91,13 @@ def _as_tensor(value, what: str, role: str) -> torch.Tensor:
 
 def _show(t: torch.Tensor, limit: int = 8) -> str:
     """A short picture of a tensor for a message: its values if few, else its shape."""
-    return str(t.tolist()) if t.numel() <= limit else f"a tensor of shape {tuple(t.shape)}"
+    return str(t.tolist()) if t.numel() <= limit else f"{t.numel()} values of shape {tuple(t.shape)}"
 
 
 def _check_type(value, what: str, types, dtype) -> None:
     if types is not None and not isinstance(value, types):
         names = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
-        raise AssertionError(f"{what}: expected a {names}, got a {type(value).__name__}")
+        raise AssertionError(f"{what}: expected type {names}, got {type(value).__name__}")
     if dtype is not None:
         got = getattr(value, "dtype", type(value).__name__)
         if got != dtype:
@@ -198,11 +198,14 @@ def call_unchanged(fn: Callable, *args, what: str, **kwargs):
     return out
 
 
-def _grads(fn: Callable, inputs: Sequence[torch.Tensor], weights_seed: int):
+def _grads(fn: Callable, inputs: Sequence[torch.Tensor], weights_seed: int, what: str):
     leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
     out = fn(*leaves)
     if not isinstance(out, torch.Tensor):
-        raise AssertionError(f"expected a tensor to differentiate, got {type(out).__name__}")
+        raise AssertionError(f"{what}: expected a tensor to differentiate, got {type(out).__name__}")
+    if not out.requires_grad:
+        raise AssertionError(f"{what}: the result carries no gradient to its inputs "
+                             "(is it detached, or computed outside autograd?)")
     weights = torch.randn(out.shape, generator=rng(weights_seed), dtype=torch.float64).to(out.dtype)
     (out * weights.to(out.device)).sum().backward()
     return leaves
@@ -213,9 +216,10 @@ def assert_grads_close(answer: Callable, reference: Callable, inputs: Sequence[t
     """Gradients of ``answer(*inputs)`` with respect to every input, by value, against the
     gradients of ``reference`` on float64 copies. Both outputs are contracted with the same random
     weights (``seed``), so every output element's gradient counts. An input that gets no
-    gradient where the reference has one fails."""
-    got = _grads(answer, inputs, seed)
-    want = _grads(reference, [to_float64(x) for x in inputs], seed)
+    gradient where the reference has one fails. ``reference`` receives float64 tensors that
+    require grad: it must not detach them (``to_float64`` does), or it has no gradient to compare."""
+    got = _grads(answer, inputs, seed, what)
+    want = _grads(reference, [to_float64(x) for x in inputs], seed, f"{what} (the reference)")
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         if w.grad is None:
             continue
