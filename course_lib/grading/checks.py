@@ -39,6 +39,7 @@ import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -82,6 +83,10 @@ def to_float64(obj):
 def _as_tensor(value, what: str, role: str) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
+    try:  # through NumPy, so that a Python float stays float64 (torch.as_tensor would round it to float32)
+        return torch.from_numpy(np.array(value))
+    except (TypeError, ValueError, RuntimeError):
+        pass
     try:
         return torch.as_tensor(value).cpu()
     except (TypeError, ValueError, RuntimeError) as e:

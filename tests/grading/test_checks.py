@@ -114,6 +114,13 @@ def test_assert_equal_compares_values():
         checks.assert_equal((1, 2), [1, 2], "ids", types=list)
 
 
+def test_python_floats_keep_their_float64_precision():
+    checks.assert_close(1 + 1e-12, torch.tensor(1 + 1e-12, dtype=torch.float64), "x", precision=torch.float64)
+    with pytest.raises(AssertionError):
+        checks.assert_close(1 + 1e-8, torch.tensor(1.0, dtype=torch.float64), "x", precision=torch.float64)
+    assert checks.number(1 + 1e-12, "x") == 1 + 1e-12
+
+
 def test_number_reads_any_scalar():
     for x in (1.5, torch.tensor(1.5), torch.tensor([1.5]), np.float64(1.5), np.array(1.5)):
         assert checks.number(x, "loss") == 1.5
