@@ -5,12 +5,12 @@ Two catalogues per chapter, in the same format:
 
 - ``tests/mutants/NN_name.yaml``: plausible **wrong** answers. Each entry is
   ``{grade_id: ex_<name>, find: ..., replace: ..., why: ...}``: the exercise's solution cell with
-  ``find`` replaced by ``replace``. A mutant is *killed* if its tests raise; the kill rate must be
-  at least 90%.
+  ``find`` replaced by ``replace``, or ``{grade_id, answer, why}`` with ``answer`` the whole code
+  between the cell's solution markers. A mutant is *killed* if its tests raise; the kill rate must
+  be at least 90%.
 - ``tests/acceptance/NN_name.yaml``: **correct** answers written the way students write them and
-  differently from the reference. An entry has ``find``/``replace`` like a mutant, or ``answer``:
-  the whole code between ``### BEGIN SOLUTION`` and ``### END SOLUTION``. Any failure is a false
-  reject, and the false-reject rate must be 0.
+  differently from the reference, entries of either form. Any failure is a false reject, and the
+  false-reject rate must be 0.
 
 Grading runs in one worker process per chapter, without a kernel per answer: the set-up cells
 run once, then each answer and its exercise's full tests (hidden ones included) run in a copy of
