@@ -62,7 +62,7 @@ collect: $(STAMP)
 	$(PY) -m course_lib.grading collect $(CHAPTER) $(FROM) --grading-dir $(GRADING)
 
 grade: $(STAMP)
-	$(PY) -m course_lib.grading grade $(CHAPTER) --grading-dir $(GRADING)
+	$(PY) -m course_lib.grading grade $(CHAPTER) --grading-dir $(GRADING) $(if $(UNSANDBOXED),--unsandboxed)
 
 # After grading written answers in the formgrader: grades.csv and feedback again.
 export: $(STAMP)

@@ -5,12 +5,13 @@ collected submissions, autograded copies, feedback and the gradebook live under 
 The per-cell time limit comes from _config.yml (execute.timeout), like everywhere else.
 """
 
-from nbconvert.preprocessors import ClearMetadataPreprocessor
+from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
 from nbgrader.preprocessors import (
     AssignLatePenalties,
     CheckCellMetadata,
     ClearOutput,
     DeduplicateIds,
+    GetGrades,
     IgnorePattern,
     LimitOutput,
     OverwriteCells,
@@ -19,6 +20,7 @@ from nbgrader.preprocessors import (
 )
 
 from course_lib.grading import config as course
+from course_lib.grading.feedback import HideTests, SanitizeOutputs
 from course_lib.grading.preprocessors import RepairTestCells
 from course_lib.grading.sandbox import SandboxedExecute
 
@@ -43,13 +45,23 @@ c.Autograde.sanitize_preprocessors = [
     CheckCellMetadata,
 ]
 # Each submission runs in a sandboxed worker (course_lib.grading.sandbox) instead of nbgrader's
-# own Execute; the rest of nbgrader's pipeline is unchanged.
+# own Execute; its outputs and markdown are made inert at once, so the autograded notebook that
+# the formgrader and the feedback render runs no student script (course_lib.grading.feedback).
 c.Autograde.autograde_preprocessors = [
     SandboxedExecute,
+    SanitizeOutputs,
     IgnorePattern,
     ClearMetadataPreprocessor,
     LimitOutput,
     SaveAutoGrades,
     AssignLatePenalties,
     CheckCellMetadata,
+]
+# Feedback goes to students: no hidden test in it (sanitising again costs nothing and covers
+# notebooks autograded before SanitizeOutputs existed). nbgrader's own two come after.
+c.GenerateFeedback.preprocessors = [
+    SanitizeOutputs,
+    HideTests,
+    GetGrades,
+    CSSHTMLHeaderPreprocessor,
 ]

@@ -1,32 +1,55 @@
 """Autograde one chapter for every collected student and write the grades.
 
 Submissions live in ``<grading>/submitted/<student>/<chapter>/<chapter>.ipynb`` (nbgrader's
-layout; ``collect`` puts them there). Grading
+layout; ``collect`` puts them there and lists every student of the export in its manifest).
+Grading
 
-1. regenerates the chapter into the gradebook, so a fresh grading folder works;
-2. checks every submission first: a file that is not a notebook, is empty, or belongs to another
-   chapter gets a clear message naming the student and file, and 0 points; the others go on;
-3. autogrades each student in their own nbgrader process, several at a time, each notebook
-   executed in the sandbox of ``sandbox.py``;
-4. writes feedback HTML per student, ``<grading>/grades.csv`` (one row per student: points per
-   exercise and written question, sums, and any problem) and a summary per exercise (mean score,
-   share of full marks) as ``summary.txt`` and ``summary.png``.
+1. refuses to run where no safe sandbox can be made (``sandbox.unavailable``), unless the
+   instructor passes ``unsandboxed=True`` (``--unsandboxed``);
+2. regenerates the chapter into the gradebook, so a fresh grading folder works;
+3. checks every submission first: a folder holding anything but the one regular notebook file, a
+   file that is not a notebook, is empty, or belongs to another chapter gets a clear message and
+   0 points; tampered nbgrader metadata (a test cell marked ungraded, an invented graded cell,
+   changed points or ids) is repaired from the release, with a note; code worth a person's look
+   (monkeypatching, interpreter hooks) is flagged, never penalised;
+4. autogrades each student in their own nbgrader process, several at a time, from a clean copy
+   written under ``<grading>/staged/`` (the submission itself is never changed, so grading
+   again gives the same notes), each notebook executed in the sandbox of ``sandbox.py``;
+5. writes feedback HTML per student (no hidden tests in it, see ``feedback.py``),
+   ``<grading>/grades.csv`` (one row per student of the export: name, LMS id, points per exercise
+   and written question, sums, problem, notes, flags) and a summary per exercise as
+   ``summary.txt`` and ``summary.png``. Problems, notes and flags are kept in
+   ``<grading>/graded/<chapter>.json`` so that ``export`` writes the same rows after manual
+   grading.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import os
+import shutil
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
 
-from . import config, nbgrader_cli, notebook, release
+from . import collect, config, flags, nbgrader_cli, notebook, release, repair, sandbox
+
+ALLOWED_EXTRA = {"timestamp.txt"}  # what nbgrader's own collect puts beside a notebook
 
 
 def problem_with(path: Path, chapter: str) -> str | None:
     """Why ``path`` cannot be graded as ``chapter``, or None if it can."""
+    folder = path.parent
+    others = sorted(p.name for p in folder.iterdir() if p.name != path.name and not (
+        p.name in ALLOWED_EXTRA and stat.S_ISREG(p.lstat().st_mode)))
+    if others:
+        return f"the folder holds more than the notebook ({', '.join(others)[:200]}): collect it again"
+    mode = path.lstat()
+    if not stat.S_ISREG(mode.st_mode) or mode.st_nlink != 1:
+        return "the notebook is not a regular file (a link or a device): collect it again"
     try:
         nb = nbformat.read(str(path), as_version=4)
     except Exception as e:  # noqa: BLE001 (any unreadable file gets the same treatment)
@@ -40,27 +63,59 @@ def problem_with(path: Path, chapter: str) -> str | None:
     return None
 
 
-def grade(chapter: str, grading_dir: Path | None = None, jobs: int | None = None) -> Path:
+def _students(chapter: str, g: Path) -> list[str]:
+    """Every student with a folder or in the collect manifest (a row each, whatever happened)."""
+    folders = {p.parent.name for p in (g / "submitted").glob(f"*/{chapter}") if p.is_dir()}
+    return sorted(folders | set(collect.manifest(chapter, g)["students"]))
+
+
+def _record_path(chapter: str, g: Path) -> Path:
+    return g / "graded" / f"{chapter}.json"
+
+
+def grade(chapter: str, grading_dir: Path | None = None, jobs: int | None = None,
+          unsandboxed: bool = False) -> Path:
     """Autograde ``chapter``; returns the path of the grades CSV."""
     g = Path(grading_dir or config.root() / "grading").resolve()
-    submitted = g / "submitted"
-    students = [p.parent.name for p in sorted(submitted.glob(f"*/{chapter}")) if p.is_dir()]
+    why = sandbox.unavailable()
+    if why and not unsandboxed:
+        raise SystemExit(f"Refusing to grade: {why}.\nEvery submission's code would run with your "
+                         "rights. Pass --unsandboxed (make grade UNSANDBOXED=1) only for work you trust.")
+    students = _students(chapter, g)
     if not students:
-        raise SystemExit(f"No submissions of {chapter} under {submitted}/<student>/{chapter}/")
-    problems = {}
+        raise SystemExit(f"No submissions of {chapter} under {g / 'submitted'}/<student>/{chapter}/")
+    collected = collect.manifest(chapter, g)["students"]
+    released = release.generate(chapter, g / "release", grading_dir=g)
+    release_nb = notebook.read(released)
+    record = {s: {"problem": None, "notes": [], "flags": []} for s in students}
     for student in students:
-        path = submitted / student / chapter / f"{chapter}.ipynb"
-        problems[student] = problem_with(path, chapter) if path.is_file() else f"no {path.name} in the folder"
-        if problems[student]:
-            print(f"Cannot grade {student}: {path}: {problems[student]}", flush=True)
-    gradable = [s for s in students if not problems[s]]
+        path = g / "submitted" / student / chapter / f"{chapter}.ipynb"
+        problem = (collected.get(student) or {}).get("problem")
+        if not problem:
+            problem = problem_with(path, chapter) if os.path.lexists(path) else (
+                f"no {path.name} in the submission")
+        if problem:
+            record[student]["problem"] = problem
+            print(f"Cannot grade {student}: {path}: {problem}", flush=True)
+            continue
+        nb, notes = repair.repair(nbformat.read(str(path), as_version=4), release_nb)
+        clean = g / "staged" / student / chapter
+        shutil.rmtree(clean.parent, ignore_errors=True)
+        clean.mkdir(parents=True)
+        nbformat.write(nb, str(clean / path.name))
+        stamp = path.parent / "timestamp.txt"  # nbgrader's, for late penalties
+        if stamp.is_file() and not stamp.is_symlink():
+            (clean / stamp.name).write_text(stamp.read_text(errors="replace")[:100])
+        record[student].update(notes=notes, flags=flags.flags(nb, release_nb))
+    gradable = [s for s in students if not record[s]["problem"]]
 
-    release.generate(chapter, g / "release", grading_dir=g)
+    extra = ["--SandboxedExecute.allow_unsandboxed=True"] if unsandboxed else []
 
     def autograde(student: str) -> str | None:
         try:
             only = f"--CourseDirectory.student_id={student}"
-            nbgrader_cli.run("autograde", chapter, "--force", only, grading_dir=g)
+            nbgrader_cli.run("autograde", chapter, "--force", only, *extra, grading_dir=g,
+                             submitted_dir=g / "staged")
         except RuntimeError as e:
             return f"autograding failed: {str(e)[-300:]}"
         return None
@@ -69,58 +124,64 @@ def grade(chapter: str, grading_dir: Path | None = None, jobs: int | None = None
     with ThreadPoolExecutor(jobs) as pool:
         for student, failure in zip(gradable, pool.map(autograde, gradable), strict=True):
             if failure:
-                problems[student] = failure
+                record[student]["problem"] = failure
                 print(f"Cannot grade {student}: {failure}", flush=True)
-    if any(not problems[s] for s in students):
-        nbgrader_cli.run("generate_feedback", chapter, "--force", grading_dir=g)
-    path = write_grades_csv(chapter, students, g, problems)
-    write_summary(path)
-    return path
+    path = _record_path(chapter, g)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1, ensure_ascii=False), encoding="utf-8")
+    return _write_outputs(chapter, g, students, record)
 
 
 def export(chapter: str, grading_dir: Path | None = None) -> Path:
     """Rewrite grades, summary and feedback from the gradebook, e.g. after manual grading."""
-    from nbgrader.api import Gradebook, MissingEntry
-
     g = Path(grading_dir or config.root() / "grading").resolve()
-    students = [p.parent.name for p in sorted((g / "submitted").glob(f"*/{chapter}")) if p.is_dir()]
-    problems = {}
-    with Gradebook(f"sqlite:///{g / 'gradebook.db'}") as gb:
-        for student in students:
-            try:
-                gb.find_submission_notebook(chapter, chapter, student)
-                problems[student] = None
-            except MissingEntry:
-                problems[student] = "not graded (see the output of the grade command)"
-    if not any(p is None for p in problems.values()):
+    path = _record_path(chapter, g)
+    if not path.is_file():
         raise SystemExit(f"Nothing of {chapter} has been graded under {g}: run grade first.")
-    nbgrader_cli.run("generate_feedback", chapter, "--force", grading_dir=g)
-    path = write_grades_csv(chapter, students, g, problems)
+    record = json.loads(path.read_text(encoding="utf-8"))
+    students = _students(chapter, g)
+    for student in students:  # collected after the last grading
+        record.setdefault(student, {"problem": "not graded yet (run grade)", "notes": [], "flags": []})
+    return _write_outputs(chapter, g, students, record)
+
+
+def _write_outputs(chapter: str, g: Path, students: list[str], record: dict) -> Path:
+    if any(not record[s]["problem"] for s in students):
+        nbgrader_cli.run("generate_feedback", chapter, "--force", grading_dir=g)
+    path = write_grades_csv(chapter, students, g, record)
     write_summary(path)
     return path
 
 
-def write_grades_csv(chapter: str, students: list[str], grading_dir: Path,
-                     problems: dict[str, str | None]) -> Path:
-    """One row per student: points per autograded exercise and per written question (empty until
-    graded by hand in the formgrader), the autograded sum and maximum, the overall ones, and the
-    problem that stopped grading, if any (then every score is 0)."""
-    from nbgrader.api import Gradebook
+def write_grades_csv(chapter: str, students: list[str], grading_dir: Path, record: dict) -> Path:
+    """One row per student: name and LMS id (from collect), points per autograded exercise and per
+    written question (empty until graded by hand in the formgrader), the autograded sum and
+    maximum, the overall ones, the problem that stopped grading (then every score is 0), the
+    repairs made to the notebook's metadata and the flags for a person to read."""
+    from nbgrader.api import Gradebook, MissingEntry
 
     nb = notebook.read(config.solution_path(chapter))
     exercises = {ex.name: ex.points for ex in notebook.exercises(nb)}
     written = notebook.written_questions(nb)
     full = sum(exercises.values())
+    collected = collect.manifest(chapter, grading_dir)["students"]
     rows = []
     with Gradebook(f"sqlite:///{grading_dir / 'gradebook.db'}") as gb:
         for student in students:
-            row = {"student": student, "chapter": chapter, "problem": problems.get(student) or ""}
-            if row["problem"]:
+            info, rec = collected.get(student) or {}, record[student]
+            row = {"student": student, "name": info.get("name") or student,
+                   "lms_id": info.get("lms_id") or "", "chapter": chapter,
+                   "problem": rec["problem"] or "", "notes": "; ".join(rec["notes"]),
+                   "flags": "; ".join(rec["flags"])}
+            try:
+                # find_submission_notebook(notebook, assignment, student)
+                sub = None if row["problem"] else gb.find_submission_notebook(chapter, chapter, student)
+            except MissingEntry:
+                sub, row["problem"] = None, "not graded (see the output of the grade command)"
+            if sub is None:
                 row.update({name: 0.0 for name in exercises} | {name: "" for name in written})
                 row.update(autograded=0.0, autograded_max=full, total=0.0, max="")
             else:
-                # find_submission_notebook(notebook, assignment, student)
-                sub = gb.find_submission_notebook(chapter, chapter, student)
                 grades = {gr.name.removesuffix(config.TEST_SUFFIX): gr for gr in sub.grades}
                 row.update({name: grades[name].score for name in exercises})
                 row.update({name: grades[name].manual_score for name in written})
@@ -128,9 +189,9 @@ def write_grades_csv(chapter: str, students: list[str], grading_dir: Path,
                            total=sub.score, max=sub.max_score)
             rows.append(row)
     path = grading_dir / "grades.csv"
-    with path.open("w", newline="") as f:
-        fields = ["student", "chapter", *exercises, *written, "autograded", "autograded_max",
-                  "total", "max", "problem"]
+    with path.open("w", newline="", encoding="utf-8") as f:
+        fields = ["student", "name", "lms_id", "chapter", *exercises, *written, "autograded",
+                  "autograded_max", "total", "max", "problem", "notes", "flags"]
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows)
@@ -139,7 +200,7 @@ def write_grades_csv(chapter: str, students: list[str], grading_dir: Path,
 
 def summarize(grades_csv: Path) -> list[dict]:
     """Per exercise: mean score, its maximum, and the share of students with full marks."""
-    with grades_csv.open() as f:
+    with grades_csv.open(encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     chapter = rows[0]["chapter"]
     nb = notebook.read(config.solution_path(chapter))

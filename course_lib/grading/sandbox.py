@@ -1,105 +1,313 @@
-"""Execute a submission for grading so that one student's notebook never breaks the class.
+"""Execute a submission for grading so that no submission can escape, stall or break the class.
 
 nbgrader's autograder is configured (``nbgrader_config.py``) to execute notebooks with
 :class:`SandboxedExecute` instead of its own ``Execute``. The notebook, with the instructor's
 tests already restored by nbgrader, goes to a worker process on standard input and comes back
-executed on standard output, so no file holding the hidden tests is ever visible to the
-student's code. The worker runs:
+executed on standard output; no file holding hidden tests is ever visible to the student's code.
 
-- on Linux with ``bwrap`` installed, in a bubblewrap sandbox: the file system read-only, a
-  private /tmp, no network, the course's solutions, tests and grading folders hidden, and only
-  the submission's own folder writable;
-- elsewhere in a plain subprocess, with a warning;
-- always under ``prlimit`` (where present) with a cap on memory, and a wall-clock limit.
+On Linux the worker runs in a bubblewrap sandbox that holds as root and as an ordinary user:
 
-Inside, every code cell runs with the course's per-cell time limit. An error or timeout is
-recorded in that cell and the next cells run; if the kernel dies (``os._exit``, a crash, the
-memory cap), a new kernel starts, the set-up cells run again and grading goes on from the next
-cell. Output beyond ``MAX_OUTPUT_CHARS`` per cell is dropped with a note. Only an error costs a
-test cell its points: warnings and other stderr output in test cells are kept as stdout.
+- a new user namespace with uid and gid 65534 and every capability dropped (``--cap-drop ALL``),
+  no nested user namespaces, a new session, and new pid, network, IPC, UTS and cgroup
+  namespaces: no host process, socket or network is reachable, and nothing can be remounted;
+- an allow-list of read-only binds: the system libraries (``/usr`` and its links), a few files
+  of ``/etc`` the dynamic linker needs, the Python installation and environment, ``course_lib``
+  and ``_config.yml``. The rest of the host (``solutions/``, ``tests/``, the grading folder,
+  other checkouts, ``/root``, ``/etc/shadow``) does not exist inside;
+- a clean environment (``--clearenv``), a private ``/proc`` and ``/dev``;
+- only two writable places, both size-limited tmpfs: the working folder ``/submission`` (a copy
+  of nothing: the notebook arrives on stdin) and ``/tmp``.
+
+Limits hold for the whole submission, not per process (:class:`Limits`): a watchdog outside the
+sandbox adds up the memory of all its processes and its tmpfs, counts its processes and their
+CPU time, and kills the kernel's processes when one limit is passed; the worker records that
+cell as failed with the reason, starts a new kernel and goes on. Each cell has the course's
+per-cell limit and the notebook one wall-clock limit (``Limits.notebook_s``) that does not grow
+with the number of cells: a cell that ignores interrupts is killed at its limit, cells not
+reached by the notebook's limit are marked so, and the student keeps the points earned
+elsewhere. When the sandbox ends every process in it ends (pid namespace, ``--die-with-parent``).
+
+Where bubblewrap is missing or cannot create the sandbox (no user namespaces, not Linux),
+grading refuses to run and says why, unless the instructor allows unsandboxed grading
+explicitly (``--unsandboxed``; ``SandboxedExecute.allow_unsandboxed``).
+
+The kernel is :mod:`course_lib.grading.guard`'s, which restores the interpreter's hooks and the
+libraries' functions before each test cell, so that code in an answer cannot forge a verdict.
+
+Inside, an error or timeout is recorded in its cell and the next cells run; if the kernel dies
+(``os._exit``, a crash, a limit), a new kernel starts, the set-up cells run again and grading
+goes on from the next cell. Output beyond ``MAX_OUTPUT_CHARS`` per cell is dropped with a note.
+Only an error costs a test cell its points: warnings and other stderr output in test cells are
+kept as stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import subprocess
 import sys
-import warnings
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbgrader.preprocessors import NbGraderPreprocessor
-from traitlets import Integer, List, Unicode
+from traitlets import Bool, Integer
 
 from . import config, notebook
 
 MAX_OUTPUT_CHARS = 100_000
-MEMORY_LIMIT_BYTES = 6 * 2**30  # address space of the worker and the kernel, each
+WORKDIR = "/submission"  # the sandbox's working folder, a size-limited tmpfs
+NOBODY = "65534"
+# Variables a submission may see: the thread and CPU-kernel settings the graders are tested under.
+PASSED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "ATEN_CPU_CAPABILITY",
+              "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "COURSE_CELL_TIMEOUT", "TZ")
+ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "fonts", "localtime")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one submission may use, all its processes and files together."""
+
+    notebook_s: int = 600           # wall clock for the whole notebook, however many cells
+    memory_bytes: int = 6 * 2**30   # resident memory of every process plus both tmpfs
+    processes: int = 64             # kernel, worker and anything they start
+    disk_bytes: int = 512 * 2**20   # each of /submission and /tmp
+    cpu_s: int = 1800               # CPU time of all processes (a busy kernel uses several cores)
 
 
 def bwrap_available() -> bool:
     return sys.platform.startswith("linux") and shutil.which("bwrap") is not None
 
 
-def sandbox_prefix(workdir: Path, hidden: list[Path]) -> list[str]:
-    """The bubblewrap command line that confines a worker to ``workdir``."""
-    cmd = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-    # /tmp is private; re-expose the interpreter and the course library if they live there.
-    for keep in {Path(sys.prefix).resolve(), config.root()}:
-        cmd += ["--ro-bind", str(keep), str(keep)]
-    hidden = [str(p.resolve()) for p in hidden if p.exists()]
-    for path in hidden:  # an empty folder in place of each
-        cmd += ["--tmpfs", path]
-    workdir = workdir.resolve()
-    cmd += ["--bind", str(workdir), str(workdir), "--chdir", str(workdir)]
-    for path in hidden:  # read-only once the submission's own folder is mounted inside
-        cmd += ["--remount-ro", path]
-    cmd += ["--setenv", "HOME", str(workdir), "--setenv", "MPLCONFIGDIR", "/tmp/matplotlib",
-            "--setenv", "JUPYTER_RUNTIME_DIR", "/tmp/jupyter", "--setenv", "IPYTHONDIR", "/tmp/ipython",
-            "--unshare-all", "--die-with-parent", "--new-session"]
-    return cmd
-
-
-def hidden_paths() -> list[Path]:
-    """What a submission must not see: solutions, tests and everything under grading folders."""
+def _readable() -> list[tuple[str, str]]:
+    """The allow-list: (kind, path) with kind "bind" (read-only) or "link" (a symlink to recreate)."""
+    out = []
+    for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            out.append(("link", top))
+        elif os.path.isdir(top):
+            out.append(("bind", top))
+    out += [("bind", f"/etc/{name}") for name in ETC if os.path.exists(f"/etc/{name}")]
     root = config.root()
-    extra = [Path(p) for p in os.environ.get("COURSE_SANDBOX_HIDE", "").split(os.pathsep) if p]
-    return [root / "solutions", root / "tests", root / "grading", root / ".git", *extra]
+    paths = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(),
+             Path(__file__).resolve().parents[1],  # course_lib
+             root / "_config.yml"}
+    return out + [("bind", str(p)) for p in sorted(paths) if p.exists()]
+
+
+def sandbox_command(limits: Limits = Limits()) -> list[str]:
+    """The bubblewrap command line that confines a worker (see the module docstring)."""
+    cmd = ["bwrap", "--unshare-all", "--unshare-user", "--uid", NOBODY, "--gid", NOBODY,
+           "--disable-userns", "--cap-drop", "ALL", "--die-with-parent", "--new-session",
+           "--clearenv", "--proc", "/proc", "--dev", "/dev"]
+    for kind, path in _readable():
+        cmd += ["--symlink", os.readlink(path), path] if kind == "link" else ["--ro-bind", path, path]
+    for place in (WORKDIR, "/tmp"):
+        cmd += ["--size", str(limits.disk_bytes), "--tmpfs", place]
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": WORKDIR,
+           "USER": "student", "LOGNAME": "student", "LANG": "C.UTF-8", "PYTHONNOUSERSITE": "1",
+           "MPLCONFIGDIR": "/tmp/matplotlib", "JUPYTER_RUNTIME_DIR": "/tmp/jupyter",
+           "IPYTHONDIR": "/tmp/ipython", "COURSE_ROOT": str(config.root())}
+    env |= {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+    for key, value in env.items():
+        cmd += ["--setenv", key, value]
+    # The root is bubblewrap's own tmpfs, where it made the folders of the binds: read-only too.
+    return cmd + ["--remount-ro", "/", "--chdir", WORKDIR]
+
+
+@functools.cache
+def unavailable() -> str | None:
+    """Why no safe sandbox can be made on this machine, or None when it can (checked once)."""
+    if not sys.platform.startswith("linux"):
+        return f"sandboxed grading needs Linux (this is {sys.platform})"
+    if not bwrap_available():
+        return "bubblewrap (bwrap) is not installed (Debian and Ubuntu: apt-get install bubblewrap)"
+    probe = ("import os; print(os.getuid(), *sorted({int(l.split()[1], 16) for l in "
+             "open('/proc/self/status') if l.startswith('Cap')}))")
+    try:
+        proc = subprocess.run(sandbox_command() + [sys.executable, "-c", probe], capture_output=True,
+                              text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return "bubblewrap did not start within 60 s"
+    # CapInh, CapPrm, CapEff, CapBnd and CapAmb must all be empty.
+    if proc.returncode != 0 or proc.stdout.split() != [NOBODY, "0"]:
+        return ("bubblewrap cannot create a sandbox without capabilities here (user namespaces "
+                f"may be disabled): {proc.stderr.strip()[-300:] or proc.stdout.strip()}")
+    return None
+
+
+class Watchdog(threading.Thread):
+    """Enforces :class:`Limits` on the process tree under ``pid`` from outside the sandbox.
+
+    When a limit is passed it kills every process of the tree except the first ``keep`` ones
+    in start order (bubblewrap, the namespace's init and the worker), so the worker survives,
+    sees a dead kernel and goes on; ``reasons`` says why, in order. ``tmpfs`` are the sandbox's
+    own file systems, whose contents count as memory."""
+
+    interval_s = 0.05
+
+    def __init__(self, pid: int, limits: Limits, keep: int, tmpfs: tuple[str, ...] = ()):
+        super().__init__(daemon=True)
+        self.pid, self.limits, self.keep, self.tmpfs = pid, limits, keep, tmpfs
+        self.reasons: list[str] = []
+        self.spared: set[int] = set()  # the first ``keep`` processes, fixed once seen
+        self.cpu: dict[int, float] = {}  # CPU seconds last seen per process, dead ones included
+        self.done = threading.Event()
+
+    def run(self):
+        while not self.done.wait(self.interval_s):
+            tree = _tree(self.pid)
+            if len(self.spared) < self.keep:
+                self.spared = set(tree[:self.keep])
+            reason = tree and self._over(tree)
+            if reason:
+                self.reasons.append(reason)
+                for pid in tree:
+                    if pid not in self.spared:
+                        _kill(pid)
+
+    def _over(self, tree: list[int]) -> str | None:
+        lim = self.limits
+        if len(tree) > lim.processes:
+            return f"it started more than {lim.processes} processes"
+        memory = sum(_memory(pid) for pid in tree) + _tmpfs_used(tree[-1], self.tmpfs)
+        if memory > lim.memory_bytes:
+            return (f"it used more than {lim.memory_bytes / 2**30:g} GiB of memory "
+                    "(processes and files together)")
+        for pid in tree:
+            self.cpu[pid] = max(self.cpu.get(pid, 0.0), _cpu_seconds(pid))
+        if sum(self.cpu.values()) > lim.cpu_s:
+            return f"it used more than {lim.cpu_s} s of CPU time"
+        return None
+
+
+def _tree(root: int) -> list[int]:
+    """``root`` and its descendants, in order of start (a parent before a child of its tick)."""
+    children: dict[int, list[int]] = {}
+    started: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # gone meanwhile
+            children.setdefault(int(fields[1]), []).append(int(entry))
+            started[int(entry)] = int(fields[19])
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        if pid in started:
+            out.append(pid)
+            todo += children.get(pid, [])
+    return sorted(out, key=started.__getitem__)
+
+
+def _memory(pid: int) -> int:
+    """Proportional set size (shared pages split among their users), else resident size."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _tmpfs_used(pid: int, places) -> int:
+    """Bytes used in the file systems ``places`` as process ``pid`` sees them."""
+    used = 0
+    for place in places:
+        try:
+            st = os.statvfs(f"/proc/{pid}/root{place}")
+            used += (st.f_blocks - st.f_bfree) * st.f_frsize
+        except OSError:
+            pass
+    return used
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return sum(int(f) for f in fields[11:13]) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, 9)
+    except OSError:
+        pass
 
 
 class SandboxedExecute(NbGraderPreprocessor):
     """nbgrader preprocessor: execute the notebook in a sandboxed worker process."""
 
     timeout = Integer(0, help="Seconds per cell; 0 means the course's execute.timeout").tag(config=True)
-    memory_limit = Integer(MEMORY_LIMIT_BYTES, help="Address-space cap in bytes").tag(config=True)
-    hide = List(Unicode(), help="Extra folders to hide from the submission").tag(config=True)
+    notebook_timeout = Integer(Limits.notebook_s, help="Seconds for the whole notebook").tag(config=True)
+    memory_limit = Integer(Limits.memory_bytes, help="Bytes for all processes and files").tag(config=True)
+    allow_unsandboxed = Bool(False, help="Grade without a sandbox where none can be made").tag(config=True)
 
     def preprocess(self, nb, resources):
-        workdir = Path(resources.get("metadata", {}).get("path") or os.getcwd())
         per_cell = self.timeout or config.cell_timeout()
-        n_code = sum(c.cell_type == "code" for c in nb.cells)
-        wall = per_cell * (n_code + 2) + 60  # every cell may use its full limit, plus restarts
-        worker = [sys.executable, "-m", "course_lib.grading.sandbox", "--timeout", str(per_cell)]
-        if shutil.which("prlimit"):
-            worker = ["prlimit", f"--as={self.memory_limit}", "--", *worker]
-        if bwrap_available():
-            hidden = hidden_paths() + [Path(p) for p in self.hide]
-            worker = sandbox_prefix(workdir, hidden) + worker
+        # The variables override the configuration for one run (tests use small limits).
+        limits = Limits(notebook_s=int(os.environ.get("COURSE_NOTEBOOK_TIMEOUT") or self.notebook_timeout),
+                        memory_bytes=int(os.environ.get("COURSE_SANDBOX_MEMORY") or self.memory_limit))
+        worker = [sys.executable, "-m", "course_lib.grading.sandbox", "--timeout", str(per_cell),
+                  "--notebook-timeout", str(limits.notebook_s), "--memory", str(limits.memory_bytes),
+                  "--processes", str(limits.processes)]
+        why = unavailable()
+        if why is None:
+            worker, cwd, keep = sandbox_command(limits) + worker, "/", 3  # bwrap, its init, the worker
+            tmpfs = (WORKDIR, "/tmp")
+        elif self.allow_unsandboxed:
+            self.log.warning("grading WITHOUT a sandbox (allowed explicitly): %s", why)
+            cwd, keep, tmpfs = resources.get("metadata", {}).get("path") or os.getcwd(), 1, ()
+            worker[-1] = "0"  # RLIMIT_NPROC would count the instructor's own processes
         else:
-            warnings.warn("bubblewrap (bwrap) is not available: grading without a sandbox", stacklevel=2)
-            self.log.warning("bubblewrap (bwrap) is not available: grading without a sandbox")
+            raise RuntimeError(f"refusing to grade: {why}. Pass --unsandboxed to grade without a "
+                               "sandbox, only for submissions you trust.")
+        wall = limits.notebook_s + 120  # the worker stops itself at notebook_s; this is a backstop
+        proc = subprocess.Popen(worker, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=cwd, start_new_session=True)
+        watchdog = Watchdog(proc.pid, limits, keep, tmpfs)
+        watchdog.start()
         try:
-            proc = subprocess.run(worker, input=nbformat.writes(nb), capture_output=True, text=True,
-                                  cwd=workdir, timeout=wall)
+            out, err = proc.communicate(nbformat.writes(nb), timeout=wall)
         except subprocess.TimeoutExpired:
-            return _failed(nb, f"grading stopped after {wall} s"), resources
-        if proc.returncode != 0 or not proc.stdout.strip():
-            return _failed(nb, f"the grading worker failed: {proc.stderr[-2000:]}"), resources
-        return nbformat.reads(proc.stdout, as_version=4), resources
+            out, err = "", f"grading stopped after {wall} s"
+        finally:
+            watchdog.done.set()
+            for pid in reversed(_tree(proc.pid)):
+                _kill(pid)
+            proc.wait()
+        if proc.returncode != 0 and not out.strip():
+            return _failed(nb, f"the grading worker failed: {err[-2000:]}"), resources
+        return _explain_deaths(nbformat.reads(out, as_version=4), watchdog.reasons), resources
+
+
+def _explain_deaths(nb, reasons: list[str]):
+    """Say in each cell whose kernel the watchdog killed which limit the submission passed.
+
+    The watchdog kills with SIGKILL, so its kills are the deaths the worker saw as "killed", in
+    the same order (a crash or ``os._exit`` in between is not one of them)."""
+    killed = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error" and o.get("ename") == "DeadKernelError"
+              and "(killed)" in o.get("evalue", "")]
+    for out, reason in zip(killed, reasons, strict=False):
+        out.evalue = f"the kernel was stopped in this cell: {reason}"
+        out.traceback = [f"DeadKernelError: {out.evalue}; a new kernel ran the cells after it."]
+    return nb
 
 
 def _failed(nb, message: str):
@@ -150,30 +358,50 @@ def _stderr_to_stdout(cell) -> None:
                 out.name = "stdout"
 
 
-def execute(nb, timeout: int, path: str) -> nbformat.NotebookNode:
+def _error(ename: str, evalue: str):
+    return nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
+
+
+def execute(nb, timeout: int, path: str, notebook_s: int = Limits.notebook_s,
+            kernel_name: str = "python3", kernel_env: dict | None = None) -> nbformat.NotebookNode:
     """Run every code cell, surviving errors, timeouts and kernel deaths (see module doc)."""
-    client = _LimitedClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
-                            interrupt_on_timeout=True, resources={"metadata": {"path": path}})
+    deadline = time.monotonic() + notebook_s
+    # interrupt_on_timeout stays off: a cell that ignores SIGINT would never return. At its limit
+    # the kernel is shut down at once and a new one goes on.
+    client = _LimitedClient(nb, timeout=timeout, kernel_name=kernel_name, allow_errors=True,
+                            shutdown_kernel="immediate", resources={"metadata": {"path": path}})
     setup = notebook.setup_cells(nb)[1:]  # the install cell is not needed again
     pending = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     restarted = False
     while pending:
         # The kernel's own stdout must not mix with the notebook this worker prints.
-        with client.setup_kernel(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
+        with client.setup_kernel(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 env={**os.environ, **(kernel_env or {})}):
             if restarted:  # a new kernel needs the set-up cells again (outputs discarded)
                 for i in setup:
                     client.execute_cell(nbformat.from_dict({**nb.cells[i], "outputs": []}), i,
                                         store_history=False)
             while pending:
+                left = deadline - time.monotonic()
+                if left < 1:
+                    for index in pending:
+                        nb.cells[index].outputs = [_error("NotebookTimeLimit", (
+                            f"not run: the notebook's time limit of {notebook_s} s was reached"))]
+                    return nb
                 index = pending.pop(0)
+                client.timeout = int(min(timeout, left))
                 try:
                     client.execute_cell(nb.cells[index], index)
                 except CellTimeoutError:
-                    pass  # nbclient recorded the timeout in the cell's outputs
+                    nb.cells[index].outputs.append(_error("CellTimeoutError", (
+                        f"the cell ran past its {client.timeout} s limit and was stopped; "
+                        "a new kernel ran the cells after it")))
+                    restarted = True
+                    break
                 except DeadKernelError:
-                    nb.cells[index].outputs.append(nbformat.v4.new_output(
-                        "error", ename="DeadKernelError", evalue="the kernel died in this cell",
-                        traceback=["The kernel died in this cell; a new one ran the cells after it."]))
+                    how = " (killed)" if _exit_code(client) == -9 else ""
+                    nb.cells[index].outputs.append(_error("DeadKernelError", (
+                        f"the kernel died in this cell{how}; a new one ran the cells after it")))
                     restarted = True
                     break
                 finally:
@@ -182,12 +410,49 @@ def execute(nb, timeout: int, path: str) -> nbformat.NotebookNode:
     return nb
 
 
+def _exit_code(client) -> int | None:
+    """The dead kernel's exit status (negative: the signal that killed it), if known."""
+    try:
+        return client.km.provisioner.process.poll()
+    except AttributeError:
+        return None
+
+
+def _confine_self(memory: int, processes: int) -> None:
+    """Limits every process started from here inherits, and no access to this one's memory or
+    pipes from the kernel (a non-dumpable process cannot be traced or read through /proc)."""
+    import resource
+
+    # Address space per process, a backstop behind the watchdog's total: torch alone maps ~1 GB.
+    limits = [("RLIMIT_AS", memory + 4 * 2**30), ("RLIMIT_CORE", 0)]
+    limits += [("RLIMIT_NPROC", processes)] * (processes > 0)
+    for limit, value in limits:
+        try:  # RLIMIT_NPROC is not enforced for the host's root; the watchdog counts as well
+            resource.setrlimit(getattr(resource, limit), (value, value))
+        except (AttributeError, ValueError, OSError):
+            pass
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Grading worker: notebook in on stdin, out on stdout.")
     parser.add_argument("--timeout", type=int, default=None)
+    parser.add_argument("--notebook-timeout", type=int, default=Limits.notebook_s)
+    parser.add_argument("--memory", type=int, default=Limits.memory_bytes)
+    parser.add_argument("--processes", type=int, default=Limits.processes)
     args = parser.parse_args(argv)
+    from . import guard  # imports torch: not needed by the grader outside the sandbox
+
+    _confine_self(args.memory, args.processes)
     nb = nbformat.reads(sys.stdin.read(), as_version=4)
-    nb = execute(nb, args.timeout or config.cell_timeout(), os.getcwd())
+    kernels = Path(os.environ.get("TMPDIR", "/tmp")) / f"course-kernels-{os.getpid()}"
+    os.environ["JUPYTER_PATH"] = str(kernels)
+    name = guard.install_kernelspec(kernels)
+    nb = execute(nb, args.timeout or config.cell_timeout(), os.getcwd(), args.notebook_timeout,
+                 kernel_name=name, kernel_env=guard.environment(nb))
     sys.stdout.write(nbformat.writes(nb))
     return 0
 

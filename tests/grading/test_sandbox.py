@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import nbformat
 import pytest
@@ -33,39 +34,108 @@ def test_worker_survives_timeouts_kernel_death_and_huge_output(tmp_path):
     nb = _notebook("while True:\n    pass", "import os\nos._exit(3)", "print('x' * 10**7)",
                    "print(base + 1)", setup=["base = 41"])
     out = sandbox.execute(nb, timeout=3, path=str(tmp_path))
-    assert "KeyboardInterrupt" in _texts(out.cells[2])[1] or "CellTimeoutError" in _texts(out.cells[2])[1]
+    assert _texts(out.cells[2])[1] == ["CellTimeoutError"]
     assert _texts(out.cells[3])[1] == ["DeadKernelError"]
     text, _ = _texts(out.cells[4])
     assert len(text) < 2 * sandbox.MAX_OUTPUT_CHARS and "output truncated" in text
     assert _texts(out.cells[5])[0] == "42\n"  # set-up re-run in the new kernel
 
 
-def test_sandbox_hides_instructor_files_and_allows_only_its_folder(tmp_path):
-    if not sandbox.bwrap_available():
-        skip_or_fail("bubblewrap is not installed")
-    work = tmp_path / "student"
-    work.mkdir()
-    probe = (
-        "import os, pathlib\n"
-        f"print(sorted(os.listdir({str(ROOT / 'solutions')!r})))\n"
-        f"pathlib.Path('mine.txt').write_text('ok')\n"
-        f"try:\n    pathlib.Path({str(ROOT / 'escape.txt')!r}).write_text('x')\nexcept OSError:\n"
-        "    print('read-only')\n"
-    )
-    cmd = sandbox.sandbox_prefix(work, sandbox.hidden_paths()) + [sys.executable, "-c", probe]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+def test_a_cell_that_ignores_interrupts_is_stopped_at_its_limit_and_the_notebook_at_its_own(tmp_path):
+    stubborn = ("import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                "while True:\n    time.sleep(0.05)")
+    nb = _notebook(stubborn, "print(base + 1)", stubborn, "print('late')", setup=["base = 41"])
+    start = time.monotonic()
+    out = sandbox.execute(nb, timeout=3, path=str(tmp_path), notebook_s=9)
+    assert time.monotonic() - start < 25
+    assert _texts(out.cells[2])[1] == ["CellTimeoutError"] and "3 s limit" in out.cells[2].outputs[-1].evalue
+    assert _texts(out.cells[3])[0] == "42\n"  # the points earned elsewhere stay
+    assert _texts(out.cells[5])[1] == ["NotebookTimeLimit"]  # 3 + 3 s of stubborn cells, restarts: past 9 s
+
+
+def _inside(probe: str, limits: sandbox.Limits | None = None) -> subprocess.CompletedProcess:
+    if sandbox.unavailable():
+        skip_or_fail(f"no sandbox on this machine: {sandbox.unavailable()}")
+    cmd = sandbox.sandbox_command(limits or sandbox.Limits()) + [sys.executable, "-c", probe]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_sandbox_has_no_capabilities_and_sees_only_its_allow_list(monkeypatch):
+    """Run as whoever runs the tests (root in CI): nothing of the host beyond the allow-list."""
+    monkeypatch.setenv("COURSE_TEST_SECRET", "x")
+    probe = f"""
+import os, subprocess
+print("uid", os.getuid(), "gid", os.getgid())
+print("caps", sorted({{l.split()[1] for l in open("/proc/self/status") if l.startswith("Cap")}}))
+print("seen", [p for p in {[str(ROOT / "solutions"), str(ROOT / "tests"), str(ROOT / ".git"),
+                             "/etc/shadow", "/etc/passwd", "/root/.bashrc", "/home", "/var", "/run"]!r}
+              if os.path.exists(p)])
+print("env", sorted(k for k in os.environ if k not in {sorted(sandbox.PASSED_ENV)!r}))
+print("procs", sorted(p for p in os.listdir("/proc") if p.isdigit()) <= ["1", "2", "3", "4"])
+for cmd in (["umount", "/proc"], ["mount", "-o", "remount,rw", "/usr"], ["unshare", "-r", "true"]):
+    print(cmd[0], subprocess.run(cmd, capture_output=True).returncode != 0)
+import course_lib, torch
+for target in [course_lib.__file__ + ".x", {str(ROOT / "x.txt")!r}, "/usr/x"]:
+    try:
+        open(target, "w")
+        print("wrote", target)
+    except OSError:
+        pass
+open("mine.txt", "w").write("ok")
+print("cwd", os.getcwd(), open("mine.txt").read())
+"""
+    proc = _inside(probe)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["[]", "read-only"]
-    assert (work / "mine.txt").read_text() == "ok"
-    assert not (ROOT / "escape.txt").exists()
+    assert proc.stdout.splitlines() == [
+        "uid 65534 gid 65534", "caps ['0000000000000000']", "seen []",
+        "env ['COURSE_ROOT', 'HOME', 'IPYTHONDIR', 'JUPYTER_RUNTIME_DIR', 'LANG', 'LOGNAME', 'MPLCONFIGDIR', "
+        "'PATH', 'PWD', 'PYTHONNOUSERSITE', 'USER']",
+        "procs True", "umount True", "mount True", "unshare True", f"cwd {sandbox.WORKDIR} ok"]
 
 
-def test_without_bubblewrap_grading_falls_back_and_says_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(sandbox, "bwrap_available", lambda: False)
+def test_the_writable_places_are_size_limited():
+    probe = """
+import os
+for place in ("/submission/big", "/tmp/big"):
+    try:
+        with open(place, "wb") as f:
+            for _ in range(64):
+                f.write(b"x" * 2**20)
+        print(place, "written")
+    except OSError as e:
+        print(place, e.strerror)
+"""
+    proc = _inside(probe, sandbox.Limits(disk_bytes=16 * 2**20))
+    assert proc.stdout.splitlines() == ["/submission/big No space left on device",
+                                        "/tmp/big No space left on device"], proc.stderr
+
+
+@pytest.mark.parametrize("limit, code, reason", [
+    (sandbox.Limits(processes=20), "import os, time\nfor _ in range(60):\n    if os.fork() == 0:\n"
+     "        time.sleep(30); os._exit(0)\ntime.sleep(30)", "more than 20 processes"),
+    (sandbox.Limits(memory_bytes=300 * 2**20), "import os, time\nkids = [os.fork() for _ in range(2)]\n"
+     "b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096])\ntime.sleep(30)", "more than 0.29"),
+])
+def test_the_watchdog_counts_the_whole_tree_and_spares_the_worker(limit, code, reason):
+    """A worker (here a plain python) whose children pass a limit together: they die, it lives."""
+    proc = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys\n"
+                             f"subprocess.run([sys.executable, '-c', {code!r}])\nprint('worker lives')"],
+                            stdout=subprocess.PIPE, text=True)
+    dog = sandbox.Watchdog(proc.pid, limit, keep=1)
+    dog.start()
+    out, _ = proc.communicate(timeout=60)
+    dog.done.set()
+    assert out == "worker lives\n"
+    assert dog.reasons and reason in dog.reasons[0]
+
+
+def test_grading_refuses_without_a_sandbox_unless_allowed(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "unavailable", lambda: "bubblewrap (bwrap) is not installed")
     nb = _notebook("print(6 * 7)")
-    step = sandbox.SandboxedExecute(timeout=10)
-    with pytest.warns(UserWarning, match="without a sandbox"):
-        out, _ = step.preprocess(nb, {"metadata": {"path": str(tmp_path)}})
+    with pytest.raises(RuntimeError, match="refusing to grade: bubblewrap"):
+        sandbox.SandboxedExecute(timeout=10).preprocess(nb, {"metadata": {"path": str(tmp_path)}})
+    step = sandbox.SandboxedExecute(timeout=10, allow_unsandboxed=True)
+    out, _ = step.preprocess(nb, {"metadata": {"path": str(tmp_path)}})
     assert _texts(out.cells[1])[0] == "42\n"
 
 
@@ -82,9 +152,11 @@ def test_a_warning_in_a_test_cell_costs_no_points_and_an_error_does(tmp_path):
 
     nb = _notebook()
     nb.cells += [
-        _test_cell("import warnings\nwarnings.warn('old API', DeprecationWarning)\nassert 1 + 1 == 2", "ex_a_test"),
+        _test_cell("import warnings\nwarnings.warn('old API', DeprecationWarning)\nassert 1 + 1 == 2",
+                   "ex_a_test"),
         _test_cell("import sys\nprint('a note', file=sys.stderr)\nprint('x' * 10**6)", "ex_b_test"),
-        _test_cell("import warnings\nwarnings.warn('old API', FutureWarning)\nassert 1 == 2, 'wrong'", "ex_c_test"),
+        _test_cell("import warnings\nwarnings.warn('old API', FutureWarning)\nassert 1 == 2, 'wrong'",
+                   "ex_c_test"),
     ]
     out = sandbox.execute(nb, timeout=30, path=str(tmp_path))
     a, b, c = out.cells[1:]

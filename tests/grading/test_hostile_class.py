@@ -1,0 +1,194 @@
+"""A hostile class graded by the real workflow, as the user CI runs as (root in CI's container):
+``make collect``, ``make grade``, ``make export``, then ``make grade`` again.
+
+The export (``tests/hostile_class.py``) holds honest students with awkward names and files,
+broken notebooks, cheats and attacks on the machine. Every student's points, problems, notes
+and flags are asserted exactly, and so is what the attacks must not have done: nothing outside
+the grading folder changed (the repository, ``.venv``, ``/tmp``), no process outlives grading, no
+feedback holds a hidden test or a student's script, and a second grading gives the same rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import html as htmllib
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from course_lib.grading import config, notebook, sandbox
+from tests import hostile_class
+from tests.conftest import ROOT, skip_or_fail
+
+CHAPTER = hostile_class.CHAPTER
+ENV = {"COURSE_CELL_TIMEOUT": "40", "COURSE_SANDBOX_MEMORY": str(2 * 2**30)}
+
+
+def _make(target: str, grading: Path, *args: str) -> str:
+    env = {**os.environ, **ENV, "COURSE_TEST_SECRET": "do-not-leak"}
+    proc = subprocess.run(["make", "-o", ".venv/.installed", target, f"CHAPTER={CHAPTER}",
+                           f"GRADING={grading}", f"PY={sys.executable}", *args],
+                          cwd=ROOT, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def _rows(grading: Path) -> dict[str, dict]:
+    with (grading / "grades.csv").open(encoding="utf-8") as f:
+        return {row["student"]: row for row in csv.DictReader(f)}
+
+
+def _fingerprint() -> dict[str, str]:
+    """Contents of the repository's files, metadata of every file in .venv, names in /tmp."""
+    out = {}
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in filter(None, listed):
+        path = ROOT / name
+        if path.is_file():
+            out[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    for base, dirs, files in os.walk(sys.prefix):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            st = os.lstat(os.path.join(base, name))
+            out[os.path.join(base, name)] = f"{st.st_size} {st.st_mtime_ns} {st.st_mode}"
+    out["/tmp"] = " ".join(sorted(n for n in os.listdir("/tmp") if not n.startswith("pytest-of-")))
+    return out
+
+
+def _processes_with(word: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if word in cmdline and str(os.getpid()) != pid:
+            found.append(cmdline)
+    return found
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    if sandbox.unavailable():
+        skip_or_fail(f"no sandbox on this machine: {sandbox.unavailable()}")
+    base = tmp_path_factory.mktemp("hostile")
+    ctx = hostile_class.Context(grading=base / "grading", marker=f"pwned-{uuid.uuid4().hex[:12]}",
+                                secret_env="COURSE_TEST_SECRET", host_socket=base / "host.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(ctx.host_socket))
+    listener.listen()
+    expected = hostile_class.build(base / "export.zip", ctx)
+    before = _fingerprint()
+    _make("collect", ctx.grading, f"FROM={base / 'export.zip'}")
+    stdout = _make("grade", ctx.grading)
+    first = _rows(ctx.grading)
+    _make("export", ctx.grading)
+    exported = _rows(ctx.grading)
+    _make("grade", ctx.grading)
+    second = _rows(ctx.grading)
+    after = _fingerprint()
+    listener.close()
+    return ctx, expected, first, exported, second, before, after, stdout
+
+
+def _outputs(ctx, student: str) -> str:
+    path = ctx.grading / "autograded" / student / CHAPTER / f"{CHAPTER}.ipynb"
+    nb = notebook.read(path)
+    return "\n".join(str(o.get("text", "")) + str(o.get("evalue", ""))
+                     + str(o.get("data", {}).get("text/plain", ""))
+                     for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+def test_every_student_of_the_export_has_one_row(graded):
+    _, expected, first, _, _, _, _, _ = graded
+    assert sorted(first) == sorted(expected)
+    assert first["王小明_1003"]["name"] == "王小明" and first["王小明_1003"]["lms_id"] == "1003"
+
+
+def test_every_student_gets_exactly_the_expected_points(graded):
+    _, expected, first, _, _, _, _, _ = graded
+    got = {s: (float(r["autograded"]), r["problem"]) for s, r in first.items()}
+    want = {s: (e.points or 0.0, got[s][1] if e.problem and e.problem in got[s][1] else e.problem)
+            for s, e in expected.items()}
+    assert got == want
+
+
+def test_each_attack_left_its_trace_in_the_graded_notebook(graded):
+    ctx, expected, first, _, _, _, _, _ = graded
+    for student, exp in expected.items():
+        if exp.output:
+            text = _outputs(ctx, student)
+            missing = [w for w in exp.output if w not in text]
+            assert not missing, (student, missing, text[-2000:])
+        assert exp.notes in first[student]["notes"], (student, first[student]["notes"])
+        assert exp.flags in first[student]["flags"], (student, first[student]["flags"])
+
+
+def test_honest_students_are_not_flagged(graded):
+    _, expected, first, _, _, _, _, _ = graded
+    for student in ["Jane_Doe_1001", "Jane_Doe_1002", "王小明_1003", "Ann_Lee_1004", "Bo_Chen_1005"]:
+        assert first[student]["flags"] == "" and first[student]["notes"] == "", first[student]
+
+
+def test_nothing_outside_the_grading_folder_changed(graded):
+    ctx, _, _, _, _, before, after, _ = graded
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert changed == []
+    assert not [p for p in Path("/tmp").glob(f"{ctx.marker}*")]
+
+
+def test_no_process_outlives_grading(graded):
+    ctx, _, _, _, _, _, _, _ = graded
+    assert _processes_with(ctx.marker) == []
+    assert _processes_with("course_lib.grading.sandbox") == []
+
+
+def test_feedback_holds_no_hidden_test_and_no_student_script(graded):
+    ctx, _, first, _, _, _, _, _ = graded
+    solution = notebook.read(config.solution_path(CHAPTER))
+    released = config.student_path(CHAPTER).read_text(encoding="utf-8")
+    hidden = set()
+    for cell in solution.cells:
+        if "### BEGIN HIDDEN TESTS" in cell.source:
+            block = cell.source.split("### BEGIN HIDDEN TESTS", 1)[1].split("### END HIDDEN TESTS")[0]
+            hidden |= {line.strip() for line in block.splitlines() if len(line.strip()) >= 10}
+    hidden = {line for line in hidden if line not in released}  # some lines are visible tests too
+    assert hidden
+    pages = list((ctx.grading / "feedback").rglob("*.html"))
+    assert len(pages) == sum(1 for r in first.values() if not r["problem"])
+    for page in pages:
+        html = page.read_text(encoding="utf-8")
+        assert "<script>alert" not in html, page
+        text = htmllib.unescape(re.sub(r"<[^>]+>", "", html))  # as a reader sees it
+        assert not [line for line in hidden if line in text], page
+
+
+def test_nothing_but_the_notebook_comes_back_from_the_sandbox(graded):
+    ctx, _, _, _, _, _, _, _ = graded
+    folder = ctx.grading / "autograded" / "Hal_Ive_1011" / CHAPTER
+    names = sorted(p.name for p in folder.iterdir())
+    assert names in ([f"{CHAPTER}.ipynb"], [f"{CHAPTER}.ipynb", "timestamp.txt"])
+
+
+def test_problems_notes_and_flags_survive_export_and_grading_twice_is_identical(graded):
+    _, _, first, exported, second, _, _, _ = graded
+    assert exported == first
+    assert second == first
+
+
+def test_the_instructor_is_told_which_files_could_not_be_graded(graded):
+    _, expected, _, _, _, _, _, stdout = graded
+    for student, exp in expected.items():
+        if exp.problem:
+            assert f"Cannot grade {student}" in stdout

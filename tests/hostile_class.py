@@ -1,0 +1,301 @@
+"""A class as an instructor receives it: a Moodle-style export of chapter 02 with one submission
+per attack and per kind of breakage an examiner tried, and the points each student must get.
+
+``build(zip_path, ctx)`` writes the export and returns ``{student key: Expected}``. Every attack
+is bounded (at most a few hundred processes, about 3 GB of memory, 2 GB of writes), so it
+cannot hurt the machine even if a limit did not hold. ``ctx`` names the host paths an attack
+tries to reach, so the test can check afterwards that nothing there changed.
+"""
+
+from __future__ import annotations
+
+import stat
+import sys
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from course_lib.grading import config, notebook
+from tests.helpers import answered, mutants
+
+CHAPTER = "02_attention"
+
+
+@dataclass
+class Context:
+    grading: Path      # the grading folder (gradebook, other students' work)
+    marker: str        # in every file an attack writes and every process it leaves behind
+    secret_env: str    # a variable set in the grader's environment
+    host_socket: Path  # a Unix socket listening on the host
+
+
+@dataclass
+class Expected:
+    points: float | None          # autograded points; None for a row with a problem
+    problem: str = ""             # words the problem column must contain
+    output: list[str] = field(default_factory=list)  # words some cell output must contain
+    notes: str = ""               # words the notes column must contain
+    flags: str = ""               # words the flags column must contain
+
+
+def _points() -> dict[str, float]:
+    return {ex.name: ex.points for ex in notebook.exercises(notebook.read(config.solution_path(CHAPTER)))}
+
+
+FULL = sum(_points().values())
+
+
+def _cell(nb, grade_id):
+    return next(c for c in nb.cells if notebook.nbgrader_meta(c).get("grade_id") == grade_id)
+
+
+def _with(nb, *sources, at: int = 3):
+    """``nb`` with extra code cells (the student's own) inserted after the set-up cells."""
+    for i, src in enumerate(sources):
+        nb.cells.insert(at + i, nbformat.v4.new_code_cell(src))
+    return nb
+
+
+def _wrong_everywhere():
+    nb = answered(CHAPTER)
+    done = set()
+    for m in mutants(CHAPTER):
+        cell = _cell(nb, m["grade_id"])
+        if m["grade_id"] not in done and "find" in m and m["find"] in cell.source:
+            cell.source = cell.source.replace(m["find"], m["replace"], 1)
+            done.add(m["grade_id"])
+    assert done == set(_points()), "every exercise needs a find/replace mutant"
+    return nb
+
+
+def _escape(ctx: Context) -> str:
+    root, venv = config.root(), Path(sys.prefix)
+    site = next(venv.glob("lib/python3*/site-packages"), venv)
+    secrets = [config.solution_path(CHAPTER), root / "tests", ctx.grading / "gradebook.db",
+               ctx.grading / "submitted", "/etc/shadow", "/root/.bash_history", "/root/.ssh"]
+    targets = [root / f"{ctx.marker}.txt", site / f"{ctx.marker}.pth",
+               root / "course_lib" / f"{ctx.marker}.py",
+               ctx.grading / f"{ctx.marker}.txt", f"/tmp/{ctx.marker}-host.txt"]
+    return f"""
+import os, socket, subprocess, pathlib
+seen = [s for s in {[str(s) for s in secrets]!r} if os.path.exists(s)]
+print("ESCAPE-SEEN", seen)
+wrote = []
+for t in {[str(t) for t in targets]!r}:
+    try:
+        pathlib.Path(t).write_text("import os; os.system('id')")
+        wrote.append(t)
+    except OSError:
+        pass
+print("ESCAPE-WROTE", [t for t in wrote if not t.startswith("/tmp/")])
+for cmd in (["umount", "/proc"], ["mount", "-o", "remount,rw", "/usr"], ["unshare", "-r", "id"]):
+    r = subprocess.run(cmd, capture_output=True)
+    print("ESCAPE-CMD", cmd[0], "ok" if r.returncode == 0 else "refused")
+print("ESCAPE-SECRET", {ctx.secret_env!r} in os.environ)
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect({str(ctx.host_socket)!r})
+    print("ESCAPE-SOCKET connected")
+except OSError:
+    print("ESCAPE-SOCKET refused")
+print("ESCAPE-CAPS", sorted({{l.split()[1] for l in open("/proc/self/status") if l.startswith("Cap")}}))
+"""
+
+
+def _forge() -> str:
+    """Write a notebook with every test passing to the grading worker's standard output."""
+    return """
+import os
+ppid = os.getppid()
+try:
+    with open(f"/proc/{ppid}/fd/1", "w") as out:
+        out.write('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    print("FORGE wrote")
+except OSError as e:
+    print("FORGE refused", type(e).__name__)
+"""
+
+
+MONKEYPATCH = """
+import torch, torch.testing, numpy
+from course_lib import attention, positional
+from course_lib.grading import checks
+torch.testing.assert_close = lambda *a, **k: None
+torch.equal = lambda *a, **k: True
+torch.allclose = lambda *a, **k: True
+torch.Tensor.__eq__ = lambda self, other: torch.ones((), dtype=torch.bool)
+numpy.testing.assert_allclose = lambda *a, **k: None
+for name in dir(checks):
+    if name.startswith("assert"):
+        setattr(checks, name, lambda *a, **k: None)
+attention.causal_mask = lambda *a, **k: None
+"""
+
+TRANSFORMER = "get_ipython().input_transformers_cleanup.append(lambda lines: ['pass\\n'])"
+EXCEPTION_HANDLER = "get_ipython().set_custom_exc((BaseException,), lambda *a, **k: None)"
+SIGINT = """
+import signal, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+while True:
+    time.sleep(0.05)
+"""
+MEMORY = """
+import os, time
+kids = []
+for _ in range(3):
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(700 * 2**20)
+        block[::4096] = b"x" * len(block[::4096])
+        time.sleep(30)
+        os._exit(0)
+    kids.append(pid)
+with open("/tmp/fill", "wb") as f:
+    f.write(b"y" * (400 * 2**20))
+time.sleep(30)
+"""
+FORK_BOMB = """
+import os, time
+for _ in range(300):
+    if os.fork() == 0:
+        time.sleep(60)
+        os._exit(0)
+time.sleep(30)
+"""
+DISK = """
+chunk = b"z" * 2**20
+with open("junk.bin", "wb") as f:
+    for _ in range(2048):
+        f.write(chunk)
+"""
+
+
+def _daemon(marker: str) -> str:
+    return f"""
+import os, subprocess, sys
+if os.fork() == 0:
+    os.setsid()
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", {marker!r}])
+    os._exit(0)
+"""
+
+
+def _leak(marker: str) -> list[str]:
+    """Capture every cell's source as it is compiled; print them all at the end; script in HTML."""
+    capture = ("import sys\n_seen = []\n"
+               "sys.addaudithook(lambda event, args: _seen.append(args[0]) "
+               "if event == 'compile' and isinstance(args[0], (str, bytes)) else None)")
+    show = ("from IPython.display import HTML, display\n"
+            f"display(HTML('<script>alert(\"{marker}\")</script>'))\n"
+            "print('LEAK', [s.decode() if isinstance(s, bytes) else s for s in _seen])")
+    return [capture, show]
+
+
+def _tampered_metadata():
+    nb = answered(CHAPTER)
+    test = _cell(nb, "ex_causal_mask_test")
+    test.metadata["nbgrader"]["grade"] = False
+    invented = nbformat.v4.new_code_cell("assert True")
+    invented.metadata["nbgrader"] = {"grade": True, "grade_id": "ex_bonus_test", "locked": True,
+                                     "points": 100, "schema_version": 3, "solution": False, "task": False}
+    nb.cells.insert(4, invented)
+    return nb
+
+
+def _rearranged(nb):
+    tests = [_cell(nb, name + config.TEST_SUFFIX) for name in _points()]
+    nb.cells.remove(tests[0])                                 # deleted
+    tests[1].source = "pass"                                  # emptied
+    nb.cells.insert(3, nbformat.from_dict(dict(tests[2])))    # duplicated, before its answer
+    nb.cells.remove(tests[3])
+    nb.cells.append(tests[3])                                 # moved to the end
+    return nb
+
+
+def _broken():
+    nb = answered(CHAPTER)
+    sabotage = ["while True:\n    pass", "def broken(:\n    pass", "import os\nos._exit(1)",
+                "import not_a_module_anywhere", "raise RuntimeError('student bug')"]
+    names = list(_points())
+    for name, bad in zip(names, sabotage, strict=False):
+        _cell(nb, name).source = bad + "\n" + _cell(nb, name).source
+    return nb, sum(_points()[n] for n in names[len(sabotage):])
+
+
+def _json(nb) -> bytes:
+    return nbformat.writes(nb).encode()
+
+
+def build(zip_path: Path, ctx: Context) -> dict[str, Expected]:
+    """Write the export; returns what each student (by collect's key) must get."""
+    points = _points()
+    wrong = next(m for m in mutants(CHAPTER) if m["grade_id"] == "ex_causal_mask")
+    broken, broken_points = _broken()
+    other = notebook.read(config.student_path("01_tokenization"))
+    entries: list[tuple[str, bytes, float]] = []  # (file name in the export, bytes, age in days)
+    expected: dict[str, Expected] = {}
+
+    def moodle(name: str, lms_id: int, nb_or_bytes, exp: Expected | None, file="02_attention.ipynb", age=1.0):
+        data = nb_or_bytes if isinstance(nb_or_bytes, bytes) else _json(nb_or_bytes)
+        entries.append((f"{name}_{lms_id}_assignsubmission_file_{file}", data, age))
+        if exp is not None:
+            expected[f"{name.replace(' ', '_')}_{lms_id}"] = exp
+
+    moodle("Jane Doe", 1001, answered(CHAPTER), Expected(FULL))
+    moodle("Jane Doe", 1002, answered(CHAPTER, mutant=wrong), Expected(FULL - points["ex_causal_mask"]))
+    moodle("王小明", 1003, answered(CHAPTER), Expected(FULL))
+    moodle("Ann Lee", 1004, answered(CHAPTER), Expected(FULL), file="final.ipynb", age=1.0)
+    untouched = notebook.read(config.student_path(CHAPTER))
+    moodle("Ann Lee", 1004, untouched, None, file="final_old.ipynb", age=3.0)
+    moodle("Bo Chen", 1005, answered(CHAPTER), Expected(FULL), file="ATTENTION.IPYNB")
+    warned = answered(CHAPTER)
+    cell = _cell(warned, "ex_attention_weights")
+    cell.source = "import warnings\n" + cell.source.replace(
+        "### BEGIN SOLUTION\n",
+        "### BEGIN SOLUTION\n    warnings.warn('this API will change', FutureWarning)\n", 1)
+    assert "FutureWarning" in cell.source
+    moodle("Cy Dee", 1006, warned, Expected(FULL))
+    moodle("Di Ez", 1007, _with(answered(CHAPTER), SIGINT), Expected(FULL, output=["CellTimeoutError"]))
+    moodle("Ed Fox", 1008, _tampered_metadata(), Expected(FULL, notes="ex_causal_mask_test"))
+    moodle("Flo Gee", 1009, _with(answered(CHAPTER), MEMORY), Expected(FULL, output=["GiB of memory"]))
+    moodle("Gus Hay", 1010, _with(answered(CHAPTER), FORK_BOMB), Expected(FULL, output=["processes"]))
+    moodle("Hal Ive", 1011, _with(answered(CHAPTER), DISK), Expected(FULL, output=["No space left"]))
+    moodle("Ida Jo", 1012, _with(answered(CHAPTER), _daemon(ctx.marker)), Expected(FULL))
+    moodle("Jo Kay", 1013, _with(answered(CHAPTER), _escape(ctx)), Expected(FULL, output=[
+        "ESCAPE-SEEN []", "ESCAPE-WROTE []", "ESCAPE-CMD umount refused", "ESCAPE-CMD mount refused",
+        "ESCAPE-CMD unshare refused", "ESCAPE-SECRET False", "ESCAPE-SOCKET refused",
+        "ESCAPE-CAPS ['0000000000000000']"]))
+    leak = _with(answered(CHAPTER), _leak(ctx.marker)[0])
+    leak.cells.append(nbformat.v4.new_code_cell(_leak(ctx.marker)[1]))
+    leak.cells.append(nbformat.v4.new_markdown_cell(f"<script>alert('{ctx.marker}')</script>"))
+    moodle("Kim Lo", 1014, leak, Expected(FULL, flags="audit hook"))
+    moodle("Lu Ma", 1015, broken, Expected(broken_points, output=["DeadKernelError", "student bug"]))
+    moodle("Mo Ne", 1016, _rearranged(answered(CHAPTER)), Expected(FULL))
+    moodle("No Oh", 1017, _rearranged(_wrong_everywhere()), Expected(0.0))
+    moodle("Ole Pi", 1018, b"{this is not json", Expected(None, problem="not a valid notebook"))
+    moodle("Pam Qu", 1019, nbformat.v4.new_notebook(), Expected(None, problem="empty"))
+    moodle("Quin Ra", 1020, other, Expected(None, problem=f"not the {CHAPTER} notebook"))
+    moodle("Ray Su", 1021, b"%PDF-1.4", Expected(None, problem="no notebook"), file="report.pdf")
+    # A symlink to the gradebook, written as such into the zip below.
+    moodle("Sam Tu", 1022, b"", Expected(None, problem="no notebook"), file="link.ipynb")
+    moodle("Tia Uv", 1023, notebook.read(config.student_path(CHAPTER)), Expected(0.0))
+    moodle("Uma Vi", 1024, _with(notebook.read(config.student_path(CHAPTER)), TRANSFORMER),
+           Expected(0.0, flags="input transformers"))
+    moodle("Val Wu", 1025, _with(notebook.read(config.student_path(CHAPTER)), EXCEPTION_HANDLER),
+           Expected(0.0, flags="custom exception handler"))
+    moodle("Wes Xi", 1026, _with(_wrong_everywhere(), MONKEYPATCH), Expected(0.0, flags="assigns torch.equal"))
+    moodle("Xia Yu", 1027, _with(notebook.read(config.student_path(CHAPTER)), _forge()),
+           Expected(0.0, output=["FORGE refused"]))
+
+    now = time.time()
+    with zipfile.ZipFile(zip_path, "w") as z:
+        for name, data, age in entries:
+            info = zipfile.ZipInfo(name, date_time=time.localtime(now - age * 86400)[:6])
+            if name.endswith("link.ipynb"):  # a symlink to a host file, as zip tools store it
+                info.external_attr = (stat.S_IFLNK | 0o777) << 16
+                data = str(ctx.grading / "gradebook.db").encode()
+            z.writestr(info, data)
+    return expected
