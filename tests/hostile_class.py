@@ -286,7 +286,8 @@ def build(zip_path: Path, ctx: Context) -> dict[str, Expected]:
            Expected(0.0, flags="input transformers"))
     moodle("Val Wu", 1025, _with(notebook.read(config.student_path(CHAPTER)), EXCEPTION_HANDLER),
            Expected(0.0, flags="custom exception handler"))
-    moodle("Wes Xi", 1026, _with(_wrong_everywhere(), MONKEYPATCH), Expected(0.0, flags="assigns torch.equal"))
+    moodle("Wes Xi", 1026, _with(_wrong_everywhere(), MONKEYPATCH),
+           Expected(0.0, flags="assigns torch.equal"))
     moodle("Xia Yu", 1027, _with(notebook.read(config.student_path(CHAPTER)), _forge()),
            Expected(0.0, output=["FORGE refused"]))
 

@@ -39,7 +39,8 @@ def run(step: str, chapter: str, *extra: str, grading_dir=None, release_dir=None
     """``nbgrader STEP CHAPTER ...`` with the course's folders; raises if nbgrader fails."""
     g = Path(grading_dir or config.root() / "grading")
     g.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "nbgrader", step, chapter, *course_args(g, release_dir, submitted_dir), *extra]
+    cmd = [sys.executable, "-m", "nbgrader", step, chapter,
+           *course_args(g, release_dir, submitted_dir), *extra]
     # nbgrader calls the `alembic` script by name: put this interpreter's scripts on PATH.
     scripts = str(Path(sys.executable).parent)
     env = dict(os.environ, PATH=os.pathsep.join([scripts, os.environ.get("PATH", "")]))

@@ -49,6 +49,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -448,11 +449,11 @@ def main(argv: list[str] | None = None) -> int:
 
     _confine_self(args.memory, args.processes)
     nb = nbformat.reads(sys.stdin.read(), as_version=4)
-    kernels = Path(os.environ.get("TMPDIR", "/tmp")) / f"course-kernels-{os.getpid()}"
-    os.environ["JUPYTER_PATH"] = str(kernels)
-    name = guard.install_kernelspec(kernels)
-    nb = execute(nb, args.timeout or config.cell_timeout(), os.getcwd(), args.notebook_timeout,
-                 kernel_name=name, kernel_env=guard.environment(nb))
+    with tempfile.TemporaryDirectory(prefix="course-kernels-") as kernels:
+        os.environ["JUPYTER_PATH"] = kernels
+        name = guard.install_kernelspec(Path(kernels))
+        nb = execute(nb, args.timeout or config.cell_timeout(), os.getcwd(), args.notebook_timeout,
+                     kernel_name=name, kernel_env=guard.environment(nb))
     sys.stdout.write(nbformat.writes(nb))
     return 0
 

@@ -105,7 +105,7 @@ def graded(tmp_path_factory):
 def _outputs(ctx, student: str) -> str:
     path = ctx.grading / "autograded" / student / CHAPTER / f"{CHAPTER}.ipynb"
     nb = notebook.read(path)
-    return "\n".join(str(o.get("text", "")) + str(o.get("evalue", ""))
+    return "\n".join(str(o.get("text", "")) + str(o.get("ename", "")) + str(o.get("evalue", ""))
                      + str(o.get("data", {}).get("text/plain", ""))
                      for c in nb.cells if c.cell_type == "code" for o in c.outputs)
 
@@ -163,7 +163,10 @@ def test_feedback_holds_no_hidden_test_and_no_student_script(graded):
         if "### BEGIN HIDDEN TESTS" in cell.source:
             block = cell.source.split("### BEGIN HIDDEN TESTS", 1)[1].split("### END HIDDEN TESTS")[0]
             hidden |= {line.strip() for line in block.splitlines() if len(line.strip()) >= 10}
-    hidden = {line for line in hidden if line not in released}  # some lines are visible tests too
+    # Lines that are also visible tests, or in answers (a reference written out in a hidden test
+    # shares lines with the solution, which students' answers may contain), are no secret.
+    answers = "\n".join(c.source for c in solution.cells if "### BEGIN HIDDEN TESTS" not in c.source)
+    hidden = {line for line in hidden if line not in released and line not in answers}
     assert hidden
     pages = list((ctx.grading / "feedback").rglob("*.html"))
     assert len(pages) == sum(1 for r in first.values() if not r["problem"])
