@@ -108,10 +108,10 @@ def sandbox_command(limits: Limits = Limits()) -> list[str]:
     cmd = ["bwrap", "--unshare-all", "--unshare-user", "--uid", NOBODY, "--gid", NOBODY,
            "--disable-userns", "--cap-drop", "ALL", "--die-with-parent", "--new-session",
            "--clearenv", "--proc", "/proc", "--dev", "/dev"]
+    for place in (WORKDIR, "/tmp"):  # first: a checkout under /tmp is bound over the tmpfs
+        cmd += ["--size", str(limits.disk_bytes), "--tmpfs", place]
     for kind, path in _readable():
         cmd += ["--symlink", os.readlink(path), path] if kind == "link" else ["--ro-bind", path, path]
-    for place in (WORKDIR, "/tmp"):
-        cmd += ["--size", str(limits.disk_bytes), "--tmpfs", place]
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": WORKDIR,
            "USER": "student", "LOGNAME": "student", "LANG": "C.UTF-8", "PYTHONNOUSERSITE": "1",
            "MPLCONFIGDIR": "/tmp/matplotlib", "JUPYTER_RUNTIME_DIR": "/tmp/jupyter",
