@@ -75,12 +75,16 @@ print("procs", sorted(p for p in os.listdir("/proc") if p.isdigit()) <= ["1", "2
 for cmd in (["umount", "/proc"], ["mount", "-o", "remount,rw", "/usr"], ["unshare", "-r", "true"]):
     print(cmd[0], subprocess.run(cmd, capture_output=True).returncode != 0)
 import course_lib, torch
-for target in [course_lib.__file__ + ".x", {str(ROOT / "x.txt")!r}, "/usr/x"]:
+for target in [course_lib.__file__ + ".x", "/usr/x", "/x"]:
     try:
         open(target, "w")
         print("wrote", target)
     except OSError:
         pass
+try:  # refused, or (a checkout under /tmp) written to the sandbox's own /tmp, never the host's
+    open({str(ROOT / "x.txt")!r}, "w").write("x")
+except OSError:
+    pass
 open("mine.txt", "w").write("ok")
 print("cwd", os.getcwd(), open("mine.txt").read())
 """
@@ -91,6 +95,7 @@ print("cwd", os.getcwd(), open("mine.txt").read())
         "env ['COURSE_ROOT', 'HOME', 'IPYTHONDIR', 'JUPYTER_RUNTIME_DIR', 'LANG', 'LOGNAME', 'MPLCONFIGDIR', "
         "'PATH', 'PWD', 'PYTHONNOUSERSITE', 'USER']",
         "procs True", "umount True", "mount True", "unshare True", f"cwd {sandbox.WORKDIR} ok"]
+    assert not (ROOT / "x.txt").exists()
 
 
 def test_the_writable_places_are_size_limited():
