@@ -47,7 +47,7 @@ def check(path: Path, timeout: int | None = None) -> list[Result]:
         resources={"metadata": {"path": str(path.parent)}},
     )
     stopped = set()
-    with client.setup_kernel():
+    with client.setup_kernel(env=config.kernel_env()):
         for index, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
                 continue

@@ -55,6 +55,17 @@ def cell_timeout() -> int:
     return int(os.environ.get("COURSE_CELL_TIMEOUT") or book_config()["execute"]["timeout"])
 
 
+def kernel_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a kernel that executes a notebook (book build, self-check, grading).
+
+    OpenMP's worker threads sleep while they wait instead of spinning (``OMP_WAIT_POLICY=PASSIVE``,
+    unless the environment sets it). Measured on 2 cores, chapter 03's training: about 5% slower
+    on a quiet machine, but 2x faster while two other processes keep both cores busy (a busy
+    laptop, two submissions graded at once), where spinning threads burn the time slices the
+    others need: 100 steps took 52 s spinning and 27 s passive against 14 s quiet."""
+    return {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, **(extra or {})}
+
+
 def repository() -> tuple[str, str]:
     """(URL, branch) of the course repository, as the Colab button and set-up cell use them."""
     repo = book_config()["repository"]

@@ -67,8 +67,8 @@ MAX_OUTPUT_CHARS = 100_000
 WORKDIR = "/submission"  # the sandbox's working folder, a size-limited tmpfs
 NOBODY = "65534"
 # Variables a submission may see: the thread and CPU-kernel settings the graders are tested under.
-PASSED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "ATEN_CPU_CAPABILITY",
-              "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "COURSE_CELL_TIMEOUT", "TZ")
+PASSED_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+              "ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "COURSE_CELL_TIMEOUT", "TZ")
 ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "fonts", "localtime")
 
 
@@ -377,7 +377,7 @@ def execute(nb, timeout: int, path: str, notebook_s: int = Limits.notebook_s,
     while pending:
         # The kernel's own stdout must not mix with the notebook this worker prints.
         with client.setup_kernel(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                 env={**os.environ, **(kernel_env or {})}):
+                                 env=config.kernel_env(kernel_env)):
             if restarted:  # a new kernel needs the set-up cells again (outputs discarded)
                 for i in setup:
                     client.execute_cell(nbformat.from_dict({**nb.cells[i], "outputs": []}), i,

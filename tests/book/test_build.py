@@ -12,8 +12,16 @@ from tests.conftest import CHAPTERS, ROOT
 def test_every_solution_ran_within_twice_its_budget():
     timings = json.loads((ROOT / "_build" / "timings.json").read_text())
     assert set(timings) == set(CHAPTERS)
-    for chapter, seconds in timings.items():
-        assert seconds <= 2 * config.NOTEBOOK_BUDGET_S, f"{chapter} took {seconds} s"
+    for chapter, timing in timings.items():
+        assert timing["seconds"] <= 2 * config.NOTEBOOK_BUDGET_S, f"{chapter} took {timing} s"
+
+
+def test_no_cell_takes_more_than_a_third_of_the_cell_limit():
+    # On a busy laptop, or while a class is graded two at a time, a cell can take twice or three
+    # times as long as in this quiet build: it must still finish within the per-cell limit.
+    timings = json.loads((ROOT / "_build" / "timings.json").read_text())
+    slow = {c: t for c, t in timings.items() if t["slowest_cell_seconds"] > config.cell_timeout() / 3}
+    assert not slow, f"cells over a third of the {config.cell_timeout()} s limit: {slow}"
 
 
 def test_intro_shows_next_token_examples_as_input_target_pairs(html_dir):

@@ -6,6 +6,9 @@ broken notebooks, cheats and attacks on the machine. Every student's points, pro
 and flags are asserted exactly, and so is what the attacks must not have done: nothing outside
 the grading folder changed (the repository, ``.venv``, ``/tmp``), no process outlives grading, no
 feedback holds a hidden test or a student's script, and a second grading gives the same rows.
+
+Run as root, the attacks that depend on privilege are graded once more by an ordinary user (uid
+65534 and no capabilities, in a user namespace), for whom bubblewrap itself runs unprivileged.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -32,9 +36,10 @@ CHAPTER = hostile_class.CHAPTER
 ENV = {"COURSE_CELL_TIMEOUT": "40", "COURSE_SANDBOX_MEMORY": str(2 * 2**30)}
 
 
-def _make(target: str, grading: Path, *args: str) -> str:
-    env = {**os.environ, **ENV, "COURSE_TEST_SECRET": "do-not-leak"}
-    proc = subprocess.run(["make", "-o", ".venv/.installed", target, f"CHAPTER={CHAPTER}",
+def _make(target: str, grading: Path, *args: str, prefix: tuple[str, ...] = (),
+          env: dict | None = None) -> str:
+    env = {**os.environ, **ENV, "COURSE_TEST_SECRET": "do-not-leak", **(env or {})}
+    proc = subprocess.run([*prefix, "make", "-o", ".venv/.installed", target, f"CHAPTER={CHAPTER}",
                            f"GRADING={grading}", f"PY={sys.executable}", *args],
                           cwd=ROOT, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -62,6 +67,13 @@ def _fingerprint() -> dict[str, str]:
             out[os.path.join(base, name)] = f"{st.st_size} {st.st_mtime_ns} {st.st_mode}"
     out["/tmp"] = " ".join(sorted(n for n in os.listdir("/tmp") if not n.startswith("pytest-of-")))
     return out
+
+
+def _changed(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """What differs between two fingerprints; for /tmp, the names that came or went."""
+    out = sorted(k for k in before.keys() | after.keys() if k != "/tmp" and before.get(k) != after.get(k))
+    tmp_before, tmp_after = (set(f.get("/tmp", "").split()) for f in (before, after))
+    return out + [f"/tmp/{name}" for name in sorted(tmp_before ^ tmp_after)]
 
 
 def _processes_with(word: str) -> list[str]:
@@ -143,8 +155,7 @@ def test_honest_students_are_not_flagged(graded):
 
 def test_nothing_outside_the_grading_folder_changed(graded):
     ctx, _, _, _, _, before, after, _ = graded
-    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-    assert changed == []
+    assert _changed(before, after) == []
     assert not [p for p in Path("/tmp").glob(f"{ctx.marker}*")]
 
 
@@ -195,3 +206,62 @@ def test_the_instructor_is_told_which_files_could_not_be_graded(graded):
     for student, exp in expected.items():
         if exp.problem:
             assert f"Cannot grade {student}" in stdout
+
+
+# Graded again by an ordinary user: honest students, the escape, the forged verdict, the fork bomb
+# (RLIMIT_NPROC is enforced for an ordinary user) and the daemon. The user is made from root with
+# a user namespace: uid 65534 and no capability on the host, but the owner of the checkout and of
+# Python (wherever they are installed, /root included), as an instructor is of theirs. bubblewrap
+# then runs unprivileged, as it does for an ordinary user.
+AS_ORDINARY_USER = ("unshare", "--user", "--map-user=65534", "--map-group=65534")
+UNPRIVILEGED_CLASS = {"Jane_Doe_1001", "Jane_Doe_1002", "Gus_Hay_1010", "Ida_Jo_1012",
+                      "Jo_Kay_1013", "Xia_Yu_1027"}
+
+
+@pytest.fixture(scope="module")
+def graded_unprivileged():
+    if os.geteuid() != 0:
+        pytest.skip("this user is not root: the whole hostile class above ran unprivileged")
+    if shutil.which("unshare") is None or shutil.which("make") is None:
+        pytest.skip("unshare (util-linux) or make is not installed")
+    base = Path(tempfile.mkdtemp(prefix="hostile-unprivileged-"))
+    try:
+        env = {**os.environ, "HOME": str(base)}
+        probe = subprocess.run([*AS_ORDINARY_USER, sys.executable, "-c", "import os; from "
+                                "course_lib.grading import sandbox; print(os.getuid(), "
+                                "sandbox.unavailable() or 'ok')"],
+                               cwd=ROOT, capture_output=True, text=True, env=env)
+        if probe.stdout.split() != ["65534", "ok"]:
+            skip_or_fail("an ordinary user cannot grade on this machine: "
+                         f"{(probe.stdout + probe.stderr).strip()[-300:]}")
+        ctx = hostile_class.Context(grading=base / "grading", marker=f"pwned-{uuid.uuid4().hex[:12]}",
+                                    secret_env="COURSE_TEST_SECRET", host_socket=base / "host.sock")
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(ctx.host_socket))
+        listener.listen()
+        expected = hostile_class.build(base / "export.zip", ctx, only=UNPRIVILEGED_CLASS)
+        before = _fingerprint()
+        _make("collect", ctx.grading, f"FROM={base / 'export.zip'}", prefix=AS_ORDINARY_USER, env=env)
+        _make("grade", ctx.grading, prefix=AS_ORDINARY_USER, env=env)
+        rows = _rows(ctx.grading)
+        after = _fingerprint()
+        listener.close()
+        yield ctx, expected, rows, before, after
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_unprivileged_grading_gives_the_same_points_and_contains_every_attack(graded_unprivileged):
+    ctx, expected, rows, before, after = graded_unprivileged
+    assert sorted(rows) == sorted(expected)
+    assert {s: float(r["autograded"]) for s, r in rows.items()} == {
+        s: e.points for s, e in expected.items()}
+    for student in ("Jo_Kay_1013", "Xia_Yu_1027"):  # the escape and the forged verdict
+        text = _outputs(ctx, student)
+        assert not [w for w in expected[student].output if w not in text], (student, text[-2000:])
+    # Either the watchdog or RLIMIT_NPROC stops the fork bomb; its author keeps the points.
+    bomb = _outputs(ctx, "Gus_Hay_1010")
+    assert "processes" in bomb or "Resource temporarily unavailable" in bomb, bomb[-2000:]
+    assert _changed(before, after) == []
+    assert _processes_with(ctx.marker) == []
+    assert _processes_with("course_lib.grading.sandbox") == []
