@@ -81,6 +81,37 @@ def test_chapter_follows_the_template(chapter):
     assert last_heading.startswith("Check yourself")
 
 
+def _lines_that_break_inline_math(markdown: str) -> list[str]:
+    """Lines that begin with a list marker while an inline ``$...$`` is open: Markdown reads the
+    marker first, and the formula renders as raw TeX beside a stray bullet."""
+    bad = []
+    markdown = re.sub(r"\$\$.*?\$\$", "", markdown, flags=re.S)  # display math
+    for paragraph in re.split(r"\n\s*\n", markdown):
+        inside = False
+        for line in paragraph.splitlines():
+            if inside and re.match(r"\s*([-+*]|\d+[.)])\s", line):
+                bad.append(line)
+            dollars = re.sub(r"`[^`]*`", "", line).replace("\\$", "").count("$")
+            inside ^= dollars % 2 == 1
+    return bad
+
+
+def test_the_inline_math_check_finds_a_formula_split_before_a_plus():
+    assert _lines_that_break_inline_math("maps ($\\operatorname{elu}(x)\n+ 1$). Then") == ["+ 1$). Then"]
+    assert _lines_that_break_inline_math("maps $\\phi(x) = x\n+ 1$ and `$HOME`\n- a list") == ["+ 1$ and `$HOME`"]
+    assert _lines_that_break_inline_math("$a$ and\n- a list item\n\n$$\nx\n+ 1\n$$") == []
+
+
+@pytest.mark.parametrize("path", ALL_NOTEBOOKS + sorted((ROOT / "book").glob("*.md")),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_formula_is_split_before_a_list_marker(path):
+    if path.suffix == ".md":
+        markdown = path.read_text(encoding="utf-8")
+    else:
+        markdown = "\n\n".join(c.source for c in notebook.read(path).cells if c.cell_type == "markdown")
+    assert _lines_that_break_inline_math(markdown) == []
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_every_exercise_has_visible_and_hidden_tests(chapter):
     nb = notebook.read(config.solution_path(chapter))
