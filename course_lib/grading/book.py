@@ -82,6 +82,14 @@ def drop_widgets(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
+def hide_install_cell(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Tag cell 0, the install cell (for Colab), ``remove-cell``: the page opens with its title."""
+    tags = nb.cells[0].metadata.setdefault("tags", [])
+    if "remove-cell" not in tags:
+        tags.append("remove-cell")
+    return nb
+
+
 def mathjax_dir() -> Path:
     """MathJax 3 from the ``django-static-mathjax`` wheel (installed at set-up, never committed)."""
     spec = importlib.util.find_spec("mathjax")
@@ -124,7 +132,7 @@ def stage(out: Path, chapters: list[str]) -> dict[str, dict]:
               f"{cell_s:.1f} s (cell {index})", flush=True)
         target = stage_dir / "notebooks" / chapter
         shutil.copytree(src.parent, target, ignore=shutil.ignore_patterns("*.ipynb", ".*"))
-        nbformat.write(drop_widgets(strip_answers(nb)), str(target / f"{chapter}.ipynb"))
+        nbformat.write(hide_install_cell(drop_widgets(strip_answers(nb))), str(target / f"{chapter}.ipynb"))
         download = stage_dir / "_extra" / "notebooks" / chapter
         download.mkdir(parents=True)
         shutil.copy2(config.student_path(chapter), download / f"{chapter}.ipynb")

@@ -65,6 +65,21 @@ OTHER_PAGES = ["index.html", "book/setup.html", "book/glossary.html", "book/hist
                "book/bibliography.html", "search.html"]
 
 
+# Text outside code and formulas that still holds TeX's delimiters once MathJax is done: a
+# formula the Markdown parser broke apart (a line of it read as a list item, say) shows as raw TeX.
+LEFTOVER_TEX_JS = r"""() => {
+  const root = document.querySelector("article") || document.body;
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  const found = [];
+  while (walker.nextNode()) {
+    const node = walker.currentNode;
+    if (node.parentElement.closest("pre, code, mjx-container, script, style")) continue;
+    if (/\$|\\\(|\\\)|\\\[|\\\]/.test(node.textContent)) found.push(node.textContent.trim().slice(0, 80));
+  }
+  return found;
+}"""
+
+
 @pytest.mark.parametrize("path", MATH_PAGES)
 def test_page_loads_without_errors_and_typesets_math(browser, server, path):
     page, problems = visit(browser, f"{server}/{path}")
@@ -72,17 +87,21 @@ def test_page_loads_without_errors_and_typesets_math(browser, server, path):
     page.evaluate("MathJax.startup.promise")
     typeset = page.evaluate("document.querySelectorAll('mjx-container').length")
     raw_tex = page.evaluate("document.querySelectorAll('.math:not(:has(mjx-container))').length")
+    leftover = page.evaluate(LEFTOVER_TEX_JS)
     page.close()
     assert not problems, problems
     assert typeset > 0, "no formula was typeset"
     assert raw_tex == 0, "some formulas were left as raw TeX"
+    assert leftover == [], f"TeX delimiters left in the text: {leftover}"
 
 
 @pytest.mark.parametrize("path", OTHER_PAGES)
 def test_page_loads_without_errors(browser, server, path):
     page, problems = visit(browser, f"{server}/{path}")
+    leftover = page.evaluate(LEFTOVER_TEX_JS)
     page.close()
     assert not problems, problems
+    assert leftover == [], f"TeX delimiters left in the text: {leftover}"
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)

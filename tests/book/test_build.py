@@ -56,3 +56,11 @@ def test_drop_widgets_keeps_every_other_output():
     out = book.drop_widgets(nb)
     assert "widgets" not in out.metadata
     assert out.cells[0].outputs == [text]
+
+
+def test_chapter_pages_open_with_the_title_not_the_install_cell(html_dir):
+    for chapter in CHAPTERS:
+        page = (html_dir / "notebooks" / chapter / f"{chapter}.html").read_text(encoding="utf-8")
+        body = page[page.index('<article class="bd-article"'):]
+        assert "COURSE_LIB_SOURCE" not in body, f"{chapter}: the install cell is on the page"
+        assert body.index("<h1") < body.index('class="cell'), f"{chapter}: a cell comes before the title"
