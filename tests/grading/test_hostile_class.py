@@ -69,6 +69,17 @@ def _fingerprint() -> dict[str, str]:
     return out
 
 
+def _export(base: Path, only: set[str] | None = None):
+    """The class's export under ``base``, and a host socket listening for the attacks to try;
+    returns (context, listener, what each student must get)."""
+    ctx = hostile_class.Context(grading=base / "grading", marker=f"pwned-{uuid.uuid4().hex[:12]}",
+                                secret_env="COURSE_TEST_SECRET", host_socket=base / "host.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(ctx.host_socket))
+    listener.listen()
+    return ctx, listener, hostile_class.build(base / "export.zip", ctx, only)
+
+
 def _changed(before: dict[str, str], after: dict[str, str]) -> list[str]:
     """What differs between two fingerprints; for /tmp, the names that came or went."""
     out = sorted(k for k in before.keys() | after.keys() if k != "/tmp" and before.get(k) != after.get(k))
@@ -95,12 +106,7 @@ def graded(tmp_path_factory):
     if sandbox.unavailable():
         skip_or_fail(f"no sandbox on this machine: {sandbox.unavailable()}")
     base = tmp_path_factory.mktemp("hostile")
-    ctx = hostile_class.Context(grading=base / "grading", marker=f"pwned-{uuid.uuid4().hex[:12]}",
-                                secret_env="COURSE_TEST_SECRET", host_socket=base / "host.sock")
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind(str(ctx.host_socket))
-    listener.listen()
-    expected = hostile_class.build(base / "export.zip", ctx)
+    ctx, listener, expected = _export(base)
     before = _fingerprint()
     _make("collect", ctx.grading, f"FROM={base / 'export.zip'}")
     stdout = _make("grade", ctx.grading)
@@ -226,23 +232,18 @@ def graded_unprivileged():
         pytest.skip("unshare (util-linux) or make is not installed")
     base = Path(tempfile.mkdtemp(prefix="hostile-unprivileged-"))
     try:
-        env = {**os.environ, "HOME": str(base)}
+        home = {"HOME": str(base)}
         probe = subprocess.run([*AS_ORDINARY_USER, sys.executable, "-c", "import os; from "
                                 "course_lib.grading import sandbox; print(os.getuid(), "
                                 "sandbox.unavailable() or 'ok')"],
-                               cwd=ROOT, capture_output=True, text=True, env=env)
+                               cwd=ROOT, capture_output=True, text=True, env={**os.environ, **home})
         if probe.stdout.split() != ["65534", "ok"]:
             skip_or_fail("an ordinary user cannot grade on this machine: "
                          f"{(probe.stdout + probe.stderr).strip()[-300:]}")
-        ctx = hostile_class.Context(grading=base / "grading", marker=f"pwned-{uuid.uuid4().hex[:12]}",
-                                    secret_env="COURSE_TEST_SECRET", host_socket=base / "host.sock")
-        listener = socket.socket(socket.AF_UNIX)
-        listener.bind(str(ctx.host_socket))
-        listener.listen()
-        expected = hostile_class.build(base / "export.zip", ctx, only=UNPRIVILEGED_CLASS)
+        ctx, listener, expected = _export(base, only=UNPRIVILEGED_CLASS)
         before = _fingerprint()
-        _make("collect", ctx.grading, f"FROM={base / 'export.zip'}", prefix=AS_ORDINARY_USER, env=env)
-        _make("grade", ctx.grading, prefix=AS_ORDINARY_USER, env=env)
+        _make("collect", ctx.grading, f"FROM={base / 'export.zip'}", prefix=AS_ORDINARY_USER, env=home)
+        _make("grade", ctx.grading, prefix=AS_ORDINARY_USER, env=home)
         rows = _rows(ctx.grading)
         after = _fingerprint()
         listener.close()
