@@ -20,7 +20,7 @@ Three kinds of numbers, kept apart:
   weights), 4 times with activation checkpointing (the forward runs twice). Tests check the
   matmul count against ``torch.utils.flop_counter.FlopCounterMode`` on real passes.
 
-Memory (:func:`training_memory`, :func:`kv_cache_bytes`) counts bytes of parameters,
+Memory (:func:`training_memory`, :func:`model_kv_cache_bytes`) counts bytes of parameters,
 gradients, AdamW's two moments, and the KV cache; activations are *measured*
 (:func:`saved_activation_bytes`: the tensors autograd keeps for the backward pass), since a
 formula for them depends on every implementation detail. :func:`matmul_flops_per_second` and
@@ -42,12 +42,13 @@ import torch.utils.checkpoint
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from .attention.cache import kv_cache_bytes
 from .model import ModelConfig
 
 __all__ = ["ParamCount", "param_count", "active_params", "params_deck2", "params_deck3", "params_kaplan",
            "PUBLISHED",
            "FlopCount", "flops_per_token", "training_flops", "MemoryCount", "training_memory",
-           "kv_cache_bytes", "saved_activation_bytes", "checkpointed_blocks", "count_flops", "vgg16",
+           "model_kv_cache_bytes", "saved_activation_bytes", "checkpointed_blocks", "count_flops", "vgg16",
            "matmul_flops_per_second", "elementwise_flops_per_second", "mfu"]
 
 
@@ -227,9 +228,10 @@ def training_memory(config: ModelConfig, bytes_per_param: int = 4) -> MemoryCoun
     return MemoryCount(params=n, grads=n, optimizer=2 * n)
 
 
-def kv_cache_bytes(config: ModelConfig, batch_size: int, seq_len: int, bytes_per_value: int = 4) -> int:
-    """Keys and values of every layer: ``2 * L * B * Hkv * S * Dh`` values."""
-    return 2 * config.n_layers * batch_size * config.kv_heads * seq_len * config.head_dim * bytes_per_value
+def model_kv_cache_bytes(config: ModelConfig, batch_size: int, seq_len: int, bytes_per_value: int = 4) -> int:
+    """Keys and values of every layer of ``config``: ``2 * L * B * Hkv * S * Dh`` values."""
+    return kv_cache_bytes(config.n_layers, config.kv_heads, config.head_dim, seq_len, batch_size,
+                          bytes_per_value)
 
 
 def saved_activation_bytes(model: nn.Module, *args, **kwargs) -> int:

@@ -4,9 +4,9 @@ For each chapter the solution notebook is executed once (nbclient, the course's 
 limit). From the executed copy nbgrader's own preprocessors remove hidden tests and solution
 code; the outputs of solution and test cells are cleared, all other outputs (figures) kept. The
 result is staged under ``_build/stage/notebooks/NN_name/`` beside the prose pages, and Jupyter
-Book builds the stage with execution off and without copying sources. Seconds per notebook, and
-those of its slowest cell, go to ``_build/timings.json``; a notebook over twice its budget fails
-the build.
+Book builds the stage with execution off and without copying sources. Seconds per notebook,
+those of its slowest cell and figures without axis labels go to ``_build/timings.json``; a
+notebook over twice its budget fails the build.
 """
 
 from __future__ import annotations
@@ -25,14 +25,18 @@ import yaml
 from nbclient import NotebookClient
 from nbgrader.preprocessors import ClearHiddenTests, ClearSolutions
 
-from . import config, notebook
+from . import config, figures, notebook
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
-def execute(path: Path, timeout: int | None = None) -> tuple[nbformat.NotebookNode, float]:
-    """Run a notebook top to bottom in its own folder; returns (executed copy, seconds)."""
+def execute(path: Path, timeout: int | None = None) -> tuple[nbformat.NotebookNode, float, list[str]]:
+    """Run a notebook top to bottom in its own folder; returns (executed copy, seconds, figure
+    problems). Two cells, added around the notebook and removed after, check every figure it
+    draws for axis labels (:mod:`.figures`)."""
     nb = notebook.read(path)
+    nb.cells.insert(0, nbformat.v4.new_code_cell("import course_lib.grading.figures\ncourse_lib.grading.figures.watch()"))
+    nb.cells.append(nbformat.v4.new_code_cell("course_lib.grading.figures.report()"))
     client = NotebookClient(
         nb,
         timeout=timeout or config.cell_timeout(),
@@ -41,7 +45,12 @@ def execute(path: Path, timeout: int | None = None) -> tuple[nbformat.NotebookNo
     )
     start = time.perf_counter()
     client.execute(env=config.kernel_env())
-    return nb, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    nb.cells.pop(0)
+    found = figures.read_report(nb.cells.pop())
+    index_of = {cell.source: i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"}
+    problems = [f"cell {index_of.get(f['source'], '?')}: {f['problem']}" for f in found]
+    return nb, seconds, problems
 
 
 def slowest_cell(nb: nbformat.NotebookNode) -> tuple[float, int]:
@@ -124,10 +133,10 @@ def stage(out: Path, chapters: list[str]) -> dict[str, dict]:
     for chapter in chapters:
         src = config.solution_path(chapter)
         print(f"Executing {src.relative_to(root)} ...", flush=True)
-        nb, seconds = execute(src)
+        nb, seconds, figure_problems = execute(src)
         cell_s, index = slowest_cell(nb)
         timings[chapter] = {"seconds": round(seconds, 1), "slowest_cell": index,
-                            "slowest_cell_seconds": round(cell_s, 1)}
+                            "slowest_cell_seconds": round(cell_s, 1), "figure_problems": figure_problems}
         print(f"  {seconds:.1f} s (budget {config.NOTEBOOK_BUDGET_S:.0f} s); slowest cell "
               f"{cell_s:.1f} s (cell {index})", flush=True)
         target = stage_dir / "notebooks" / chapter

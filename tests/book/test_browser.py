@@ -59,7 +59,8 @@ def visit(browser, url: str) -> tuple[object, list[str]]:
     return page, problems
 
 
-MATH_PAGES = ["book/intro.html", "book/notation.html"] + [f"notebooks/{c}/{c}.html" for c in CHAPTERS]
+MATH_PAGES = (["book/intro.html", "book/notation.html", "book/frontiers.html"]
+              + [f"notebooks/{c}/{c}.html" for c in CHAPTERS])
 OTHER_PAGES = ["index.html", "book/setup.html", "book/glossary.html", "book/history.html",
                "book/instructors.html",
                "book/bibliography.html", "search.html"]

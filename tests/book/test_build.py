@@ -24,6 +24,13 @@ def test_no_cell_takes_more_than_a_third_of_the_cell_limit():
     assert not slow, f"cells over a third of the {config.cell_timeout()} s limit: {slow}"
 
 
+def test_every_plot_the_chapters_draw_labels_its_axes():
+    # Checked by course_lib.grading.figures in each chapter's kernel, as every figure is drawn.
+    timings = json.loads((ROOT / "_build" / "timings.json").read_text())
+    problems = {c: t["figure_problems"] for c, t in timings.items() if t["figure_problems"]}
+    assert not problems, f"figures without axis labels: {problems}"
+
+
 def test_intro_shows_next_token_examples_as_input_target_pairs(html_dir):
     intro = (html_dir / "book" / "intro.html").read_text(encoding="utf-8")
     for text in ("Mary had a little", "E = M", "bagel with cream cheese"):

@@ -131,8 +131,8 @@ def test_memory_counts():
     # the KV cache: what make_caches allocates
     caches = gpt.make_caches(3, capacity=9)
     allocated = sum(c.k.numel() * c.k.element_size() + c.v.numel() * c.v.element_size() for c in caches)
-    assert allocated == flops.kv_cache_bytes(config, 3, 9)
-    assert flops.kv_cache_bytes(config, 3, 9, bytes_per_value=2) == allocated // 2
+    assert allocated == flops.model_kv_cache_bytes(config, 3, 9)
+    assert flops.model_kv_cache_bytes(config, 3, 9, bytes_per_value=2) == allocated // 2
 
 
 def test_saved_activations_grow_with_batch_and_shrink_under_no_grad():

@@ -148,10 +148,17 @@ def test_notebooks_import_course_lib_modules_not_names(chapter):
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_chapter_draws_at_least_one_picture_of_an_idea(chapter):
+    nb = notebook.read(config.solution_path(chapter))
+    assert any(cell.cell_type == "code" and re.search(r"\bdiagrams\.\w+\(", cell.source) for cell in nb.cells), \
+        "no course_lib.diagrams figure in this chapter"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
 def test_figures_have_captions(chapter):
     nb = notebook.read(config.solution_path(chapter))
     for i, cell in enumerate(nb.cells):
-        if cell.cell_type == "code" and re.search(r"\bplt\.|\.plot\(|plots\.", cell.source):
+        if cell.cell_type == "code" and re.search(r"\bplt\.|\.plot\(|plots\.|diagrams\.", cell.source):
             figure = cell.metadata.get("mystnb", {}).get("figure", {})
             assert figure.get("caption"), f"cell {i} draws a figure without mystnb.figure.caption"
             assert cell.metadata.get("mystnb", {}).get("image", {}).get("alt"), f"cell {i}: no alt text"

@@ -1,0 +1,106 @@
+"""Check chapter 08's fine-tuning claims over several seeds: each was drawn from one run.
+
+Run from the repository root: ``python benchmarks/seed_spread.py`` (``--seeds``, ``--steps``;
+on a shared machine set ``OMP_WAIT_POLICY=PASSIVE``, or each step can take ten times longer).
+For each seed s, the chapter's six fine-tunings of the shipped model on stage directions (its
+recipe: 80 steps, batches of 8, lr 1e-3 for full fine-tuning and 1e-2 for LoRA, alpha = 2 R),
+with s seeding LoRA's A initialisation, the batches and the evaluation windows (the base model
+is evaluated on the same windows). For one seed, a difference of a few hundredths between two
+runs may be batch order or initialisation rather than the method; this script tells which
+claims survive a change of seed. Per seed it checks:
+
+(a) full fine-tuning ends clearly below LoRA q, v at R = 4 (by at least ``CLEAR`` nats per byte);
+(b) q, v at R = 1 gets at least 2/3 of the gain over the base model that q, v at R = 16 gets;
+(c) at the same number of trainable parameters, q, k, v, o at R = 2 ends below q at R = 8;
+(c') and q, v at R = 4 ends between them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+from course_lib import data, lora, pretrained, train
+from course_lib import device as dev
+
+CLEAR = 0.05  # nats per byte: what "clearly below" means in claim (a)
+RUNS = {  # name: (targets, rank); None = full fine-tuning
+    "full": None,
+    "q,v R=1": (("q_proj", "v_proj"), 1),
+    "q,v R=4": (("q_proj", "v_proj"), 4),
+    "q,v R=16": (("q_proj", "v_proj"), 16),
+    "q R=8": (("q_proj",), 8),
+    "q,k,v,o R=2": (("q_proj", "k_proj", "v_proj", "o_proj"), 2),
+}
+CLAIMS = {
+    "(a) full clearly below q,v R=4": lambda v: v["full"] < v["q,v R=4"] - CLEAR,
+    "(b) q,v R=1 gets >= 2/3 of R=16's gain":
+        lambda v: v["base"] - v["q,v R=1"] >= 2 / 3 * (v["base"] - v["q,v R=16"]),
+    "(c) q,k,v,o R=2 below q R=8": lambda v: v["q,k,v,o R=2"] < v["q R=8"],
+    "(c') q,v R=4 between them": lambda v: v["q,k,v,o R=2"] < v["q,v R=4"] < v["q R=8"],
+}
+
+
+def finetune(base, train_ids, val_ids, recipe, run, seed: int) -> float:
+    """Final validation loss of one fine-tuning of a copy of ``base``, everything seeded with ``seed``."""
+    m = copy.deepcopy(base).train()
+    torch.manual_seed(seed)  # LoRA's A
+    if run is not None:
+        targets, rank = run
+        lora.apply_lora(m, lora.LoRAConfig(rank=rank, alpha=2.0 * rank, targets=targets))
+        recipe = dataclasses.replace(recipe, lr=1e-2)
+    return train.train(m, train_ids, val_ids, recipe, progress=False).val_loss[-1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=80)
+    args = parser.parse_args()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads, device {dev.get_device('auto')}, fp32")
+    start = time.perf_counter()
+
+    base = pretrained.load()
+    train_ids, val_ids = data.train_val_split(data.encode_corpus(data.stage_directions()))
+    recipe = train.TrainConfig(max_steps=args.steps, batch_size=8, lr=1e-3, min_lr=1e-4,
+                               warmup_steps=min(8, args.steps), eval_every=20, eval_batches=4,
+                               precision="fp32")
+    losses = {name: [] for name in ["base", *RUNS]}
+    held = {claim: [] for claim in CLAIMS}
+    for seed in range(args.seeds):
+        recipe = dataclasses.replace(recipe, seed=seed)
+        losses["base"].append(train.evaluate(base, val_ids, recipe))
+        for name, run in RUNS.items():
+            losses[name].append(finetune(base, train_ids, val_ids, recipe, run, seed))
+        for claim, holds in CLAIMS.items():
+            held[claim].append(holds({n: v[-1] for n, v in losses.items()}))
+
+    seeds = range(args.seeds)
+    print(f"\nfinal validation loss after {args.steps} steps (nats per byte; base = before fine-tuning)")
+    print(f"{'':14s} " + " ".join(f"{'seed ' + str(s):>8s}" for s in seeds) + f" {'mean':>8s} {'sd':>7s}")
+    for name, values in losses.items():
+        mean, sd = statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+        print(f"{name:14s} " + " ".join(f"{v:8.3f}" for v in values) + f" {mean:8.3f} {sd:7.3f}")
+    print("\ngain over the base model, as a share of q,v R=16's (the chapter's percentages)")
+    base_loss, top = losses["base"], losses["q,v R=16"]
+    for name in RUNS:
+        shares = [(base_loss[s] - losses[name][s]) / (base_loss[s] - top[s]) for s in seeds]
+        print(f"{name:14s} " + " ".join(f"{share:8.0%}" for share in shares))
+    print("\nclaims per seed")
+    for claim, flags in held.items():
+        print(f"{claim:40s} " + " ".join(f"{'yes' if f else 'no':>5s}" for f in flags))
+    always = [claim for claim, flags in held.items() if all(flags)]
+    print(f"\nheld for every seed: {', '.join(always) or 'none'}")
+    print(f"time: {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
