@@ -35,8 +35,8 @@ def execute(path: Path, timeout: int | None = None) -> tuple[nbformat.NotebookNo
     problems). Two cells, added around the notebook and removed after, check every figure it
     draws for axis labels (:mod:`.figures`)."""
     nb = notebook.read(path)
-    nb.cells.insert(0, nbformat.v4.new_code_cell("import course_lib.grading.figures\ncourse_lib.grading.figures.watch()"))
-    nb.cells.append(nbformat.v4.new_code_cell("course_lib.grading.figures.report()"))
+    nb.cells.insert(0, nbformat.v4.new_code_cell(figures.WATCH_CELL))
+    nb.cells.append(nbformat.v4.new_code_cell(figures.REPORT_CELL))
     client = NotebookClient(
         nb,
         timeout=timeout or config.cell_timeout(),

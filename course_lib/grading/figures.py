@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 
 MARKER = "course-figure-check:"
+# The two cells ``book.execute`` adds around a notebook: the first starts the check, the last reports.
+WATCH_CELL = "import course_lib.grading.figures\ncourse_lib.grading.figures.watch()"
+REPORT_CELL = "course_lib.grading.figures.report()"
 
 
 def _has_data(ax) -> bool:
