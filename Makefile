@@ -90,6 +90,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_flops.py
 	$(PY) benchmarks/bench_moe.py
 	$(PY) benchmarks/bench_lora.py
+	$(PY) benchmarks/bench_guard.py
 
 # The small trained model that later chapters load (course_lib.pretrained); the full recipe.
 checkpoint: $(STAMP)

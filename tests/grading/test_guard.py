@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import nbformat
 import pytest
@@ -144,20 +143,11 @@ def test_install_kernelspec_writes_a_kernel_json_that_starts_this_module(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_real_chapter_runs_clean_in_the_guarded_kernel_at_little_extra_cost(run):
-    """02_attention's solution, every cell: no error in a test cell, and under 1 s slower than the
-    plain kernel (the best of two runs each, since the machine is shared)."""
+def test_a_real_chapter_runs_clean_in_the_guarded_kernel(run):
+    """02_attention's solution, every cell, in the guarded kernel: no error in any test cell. What the
+    guard costs in time is measured by benchmarks/bench_guard.py, not asserted here."""
     path = config.solution_path("02_attention")
-    seconds = {False: [], True: []}
-    for _ in range(2):
-        for guarded in (False, True):
-            nb = notebook.read(path)
-            start = time.perf_counter()
-            nb = run(nb, guarded, path=str(path.parent))
-            seconds[guarded].append(time.perf_counter() - start)
-            tests = [c for c in nb.cells if c.cell_type == "code" and notebook.nbgrader_meta(c).get("grade")]
-            errors = [e for c in tests for e in _errors(c)]
-            assert tests and not errors, (guarded, errors)
-        if min(seconds[True]) < min(seconds[False]) + 1.0:
-            break
-    assert min(seconds[True]) < min(seconds[False]) + 1.0, seconds
+    nb = run(notebook.read(path), True, path=str(path.parent))
+    tests = [c for c in nb.cells if c.cell_type == "code" and notebook.nbgrader_meta(c).get("grade")]
+    errors = [e for c in tests for e in _errors(c)]
+    assert len(tests) >= 5 and not errors, errors
