@@ -29,7 +29,8 @@ from course_lib.grading import config, guard, notebook  # noqa: E402
 
 def execute(path: Path, kernel: str) -> float:
     nb = notebook.read(path)
-    client = NotebookClient(nb, kernel_name=kernel, timeout=120, resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(nb, kernel_name=kernel, timeout=120,
+                            resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
     client.execute(env={**os.environ, **guard.environment(nb)})
     return time.perf_counter() - start
