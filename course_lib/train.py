@@ -1,14 +1,16 @@
-"""Training a language model: AdamW, warm-up + cosine schedule, clipping, checkpoints (chapter 03).
+"""Training a language model: AdamW or Muon, warm-up + cosine schedule, clipping, checkpoints (chapter 03).
 
-The loop in :func:`train` fits on one screen; everything it calls is a small function here or
-in :mod:`course_lib.data`. One step::
+The loop in :func:`train` fits on one screen; everything it calls is a small function here, in
+:mod:`course_lib.optim` (the optimizers, clipping and the schedule, written out) or in
+:mod:`course_lib.data`. One step::
 
     x, y = get_batch(train_ids)            (B, S), (B, S): y is x shifted by one
     loss = model(x, y)                     mean cross-entropy over B * S next tokens
     loss.backward()                        gradients
-    clip_grad_norm_(params, grad_clip)     rescale so that ||g||_2 <= grad_clip
-    set lr = lr_at(step)                   warm-up, then cosine decay
-    optimizer.step()                       AdamW; decoupled weight decay on matrices only
+    clip_grad_norm(params, grad_clip)      rescale so that ||g||_2 <= grad_clip
+    set_lr(optimizer, lr_at(step))         warm-up, then cosine decay
+    optimizer.step()                       config.optimizer: AdamW (ours or torch's) or Muon;
+                                           decoupled weight decay on matrices only
 
 The learning-rate schedule (``lr_at``), for ``W = warmup_steps`` and ``T = max_steps``::
 
@@ -54,7 +56,6 @@ mixed-precision fp16 with a gradient scaler, and early stopping.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -66,9 +67,12 @@ from tqdm.auto import tqdm
 
 from .data import get_batch
 from .device import DEVICES, PRECISIONS, autocast, get_device
+from .optim import AdamW, Muon, clip_grad_norm, cosine_schedule, split_for_muon
 
-__all__ = ["TrainConfig", "History", "lr_at", "make_optimizer", "evaluate", "train",
+__all__ = ["TrainConfig", "History", "lr_at", "make_optimizer", "set_lr", "evaluate", "train",
            "save_checkpoint", "load_checkpoint", "plot_history"]
+
+OPTIMIZERS = ("adamw", "torch-adamw", "muon")
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,9 @@ class TrainConfig:
     lr: float = 1e-3                     # peak learning rate, reached at the end of warm-up
     min_lr: float = 1e-4                 # learning rate at max_steps (the cosine's floor)
     warmup_steps: int = 50               # linear warm-up from 0 to lr over these steps
-    weight_decay: float = 0.1            # AdamW's decoupled decay, on matrices only (see make_optimizer)
+    optimizer: str = "adamw"             # "adamw" (ours) | "torch-adamw" | "muon" (see make_optimizer)
+    muon_lr: float = 0.02                # Muon's peak lr for hidden matrices (scheduled like lr)
+    weight_decay: float = 0.1            # decoupled weight decay, on matrices only (see make_optimizer)
     betas: tuple[float, float] = (0.9, 0.95)  # AdamW's moment decay rates (GPT-3's 0.95 for beta2)
     grad_clip: float | None = 1.0        # clip the global gradient L2 norm to this; None = no clipping
     eval_every: int = 100                # evaluate on the validation set every this many steps
@@ -110,6 +116,10 @@ class TrainConfig:
         if not 0 <= self.warmup_steps <= self.max_steps:
             raise ValueError(f"warmup_steps must be in [0, max_steps={self.max_steps}], "
                              f"got {self.warmup_steps!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if not self.muon_lr > 0:
+            raise ValueError(f"muon_lr must be > 0, got {self.muon_lr!r}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
@@ -143,33 +153,51 @@ class History:
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
-    """The learning rate for update number ``step`` (0-based), drawn in the module docstring.
-
-    With ``W = warmup_steps``, ``T = max_steps``, ``p = min(1, (step - W) / max(1, T - W))``::
-
-        step <  W:  lr * step / W                                       (0 at step 0)
-        step >= W:  min_lr + (lr - min_lr) * (1 + cos(pi * p)) / 2     (lr at W, min_lr at T)
+    """The learning rate for update number ``step`` (0-based), drawn in the module docstring:
+    :func:`course_lib.optim.cosine_schedule` with the config's ``lr``, ``min_lr``,
+    ``warmup_steps`` and ``max_steps``.
 
     >>> c = TrainConfig(max_steps=110, warmup_steps=10, lr=1.0, min_lr=0.0)
     >>> [round(lr_at(s, c), 3) for s in (0, 5, 10, 60, 110)]
     [0.0, 0.5, 1.0, 0.5, 0.0]
     """
-    W, T = config.warmup_steps, config.max_steps
-    if step < W:
-        return config.lr * step / W
-    progress = min(1.0, (step - W) / max(1, T - W))
-    return config.min_lr + (config.lr - config.min_lr) * (1 + math.cos(math.pi * progress)) / 2
+    return cosine_schedule(step, lr=config.lr, min_lr=config.min_lr, warmup_steps=config.warmup_steps,
+                           max_steps=config.max_steps)
 
 
-def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on every parameter with 2 or more dimensions (Linear weights and
-    the token/position embeddings, as nanoGPT and GPT-2 do: the tied embedding is also the
-    output matrix) and none on 1-D ones (biases, norm gains: decaying a gain towards 0 only
-    fights the norm). A tied matrix is one Parameter and is listed once."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas)
+def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """The optimizer ``config.optimizer`` names, over the trainable parameters of ``model``.
+
+    ``"adamw"`` (:class:`course_lib.optim.AdamW`) and ``"torch-adamw"`` (``torch.optim.AdamW``,
+    the same numbers) take two groups: weight decay on every parameter with 2 or more dimensions
+    (Linear weights and the token/position embeddings, as nanoGPT and GPT-2 do: the tied
+    embedding is also the output matrix) and none on 1-D ones (biases, norm gains: decaying a
+    gain towards 0 only fights the norm). A tied matrix is one Parameter and is listed once.
+
+    ``"muon"`` (:class:`course_lib.optim.Muon`) puts the hidden Linear weights in a Muon group
+    at ``muon_lr`` (its ``lr_scale = muon_lr / lr`` tells :func:`set_lr` to keep that ratio
+    along the schedule) and the rest in the same two AdamW groups; every matrix is decayed.
+    """
+    if config.optimizer == "muon":
+        matrices, rest = split_for_muon(model)  # trainable parameters only, as below
+    else:
+        matrices, rest = [], [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": config.weight_decay},
+              {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
+    if config.optimizer == "torch-adamw":
+        return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas)
+    if config.optimizer == "adamw":
+        return AdamW(groups, lr=config.lr, betas=config.betas)
+    muon = {"params": matrices, "lr": config.muon_lr, "lr_scale": config.muon_lr / config.lr,
+            "weight_decay": config.weight_decay}
+    return Muon([muon] + [{**g, "use_muon": False} for g in groups], lr=config.lr, betas=config.betas)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set every param group's learning rate to ``lr * group["lr_scale"]`` (1 where unset, so
+    exactly ``lr``): the schedule moves all groups together, Muon's at its own multiple."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)
 
 
 @torch.no_grad()
@@ -301,8 +329,7 @@ def train(model: nn.Module, train_ids: torch.Tensor, val_ids: torch.Tensor, conf
             history.val_steps.append(step)
             history.val_loss.append(evaluate(model, val_ids, config))
         lr = lr_at(step, config)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         x, y = get_batch(train_ids, config.batch_size, model.config.context_length, generator=batches)
         x, y = x.chunk(world)[rank], y.chunk(world)[rank]  # (B, S) -> (B / W, S): this rank's rows
         with autocast(device, config.precision):
@@ -310,7 +337,7 @@ def train(model: nn.Module, train_ids: torch.Tensor, val_ids: torch.Tensor, conf
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if config.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            clip_grad_norm(model.parameters(), config.grad_clip)
         optimizer.step()
 
         history.steps.append(step)

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..device import autocast
-from ..train import TrainConfig, lr_at, make_optimizer
+from ..train import TrainConfig, lr_at, make_optimizer, set_lr
 from .tasks import encode
 
 __all__ = ["token_ids", "response_mask", "pack", "token_logprobs", "sequence_logprobs", "sft_batch",
@@ -151,8 +151,9 @@ def sft_batch(prompts, responses, *, pad_id: int = 0, device=None) -> tuple[Tens
 
 def fit(model: nn.Module, examples: Sequence, loss_fn: Callable, config: TrainConfig, *,
         progress: bool = True, desc: str = "fit") -> dict[str, list[float]]:
-    """``config.max_steps`` AdamW steps (chapter 09): each draws ``config.batch_size``
-    examples with replacement (seeded by ``config.seed``) and minimises ``loss_fn(batch)``.
+    """``config.max_steps`` optimizer steps (chapter 09; ``config.optimizer``, AdamW by default):
+    each draws ``config.batch_size`` examples with replacement (seeded by ``config.seed``) and
+    minimises ``loss_fn(batch)``.
 
     ``loss_fn`` returns a scalar loss, or ``(loss, stats)`` with a dict of floats to record.
     Uses :func:`course_lib.train.make_optimizer` (trainable parameters only), the warm-up +
@@ -169,8 +170,7 @@ def fit(model: nn.Module, examples: Sequence, loss_fn: Callable, config: TrainCo
     was_training = model.training
     model.train()
     for step in tqdm(range(config.max_steps), desc=desc, disable=not progress):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, config)
+        set_lr(optimizer, lr_at(step, config))  # Muon's matrices keep their own multiple
         picks = torch.randint(len(examples), (config.batch_size,), generator=generator).tolist()
         with autocast(device, config.precision):
             out = loss_fn([examples[i] for i in picks])

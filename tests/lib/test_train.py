@@ -2,8 +2,10 @@
 
 Hand formula for the schedule; training really lowers the loss on a text with an obvious
 pattern; clipping checked from inside the optimizer (a step pre-hook sees the gradients that
-AdamW is about to use); resuming from a checkpoint equals not stopping, bit for bit; the
-checkpoint rebuilds the model; bad configs name the bad field; the plot has two lines.
+AdamW is about to use); course_lib's AdamW trains exactly as torch's (the same loss history,
+atol 0: on the CPU both run the same ops in the same order); resuming from a checkpoint equals
+not stopping, bit for bit, with each optimizer; the checkpoint rebuilds the model; bad configs
+name the bad field; the plot has two lines.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook  # noqa: E402
 
 from course_lib import data as D  # noqa: E402
 from course_lib import model as M  # noqa: E402
+from course_lib import optim  # noqa: E402
 from course_lib import train as T  # noqa: E402
 
 TINY = M.ModelConfig(vocab_size=256, context_length=16, d_model=32, n_layers=1, n_heads=2)
@@ -71,10 +74,16 @@ def test_lr_at_key_points():
     ("max_steps", 0), ("batch_size", -1), ("lr", 0.0), ("min_lr", 1.0), ("warmup_steps", 10_000),
     ("weight_decay", -0.1), ("betas", (0.9, 1.0)), ("grad_clip", 0.0), ("eval_every", 0),
     ("eval_batches", 0), ("device", "tpu"), ("precision", "fp16"), ("checkpoint_every", 5),
+    ("optimizer", "sgd"), ("muon_lr", 0.0),
 ])  # fmt: skip
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         T.TrainConfig(**{field: value})
+
+
+def test_bad_optimizer_lists_the_choices():
+    with pytest.raises(ValueError, match="'adamw', 'torch-adamw', 'muon'"):
+        T.TrainConfig(optimizer="AdamW")
 
 
 def test_config_is_frozen():
@@ -93,6 +102,25 @@ def test_weight_decay_on_matrices_only():
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
+@pytest.mark.parametrize("name, cls", [("adamw", optim.AdamW), ("torch-adamw", torch.optim.AdamW),
+                                       ("muon", optim.Muon)])
+def test_make_optimizer_builds_the_named_one(name, cls):
+    model = _model()
+    config = T.TrainConfig(optimizer=name, weight_decay=0.1, lr=2e-3, muon_lr=0.04)
+    opt = T.make_optimizer(model, config)
+    assert type(opt) is cls
+    groups = opt.param_groups
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    for g in groups:  # decay on matrices only, in every optimizer
+        assert g["weight_decay"] == (0.1 if all(p.dim() >= 2 for p in g["params"]) else 0.0)
+    if name == "muon":
+        muon, *adamw = groups
+        assert muon["use_muon"] and not any(g["use_muon"] for g in adamw)
+        assert muon["params"] == optim.split_for_muon(model)[0] and muon["lr"] == 0.04
+        T.set_lr(opt, 1e-3)  # the schedule at half the peak: Muon's lr at half its own peak
+        assert muon["lr"] == pytest.approx(0.02) and all(g["lr"] == 1e-3 for g in adamw)
+
+
 # --------------------------------------------------------------------------- training
 def test_training_lowers_the_loss(abc_ids):
     train_ids, val_ids = abc_ids
@@ -109,6 +137,27 @@ def test_training_lowers_the_loss(abc_ids):
     assert sum(history.train_loss[-5:]) < sum(history.train_loss[:5])
     assert all(b >= a for a, b in zip(history.seconds[:-1], history.seconds[1:], strict=True))
     assert model.training                                     # evaluate restored the mode
+
+
+def test_our_adamw_trains_exactly_as_torchs(abc_ids):
+    """20 steps with dropout and clipping: the same losses and weights, bit for bit."""
+    train_ids, val_ids = abc_ids
+    config = dataclasses.replace(TINY, dropout=0.1)
+    tc = dataclasses.replace(FAST, max_steps=20, eval_every=5)
+    ours, theirs = _model(config), _model(config)
+    h_ours = T.train(ours, train_ids, val_ids, tc, progress=False)
+    h_torch = T.train(theirs, train_ids, val_ids, dataclasses.replace(tc, optimizer="torch-adamw"),
+                      progress=False)
+    assert h_ours.train_loss == h_torch.train_loss and h_ours.val_loss == h_torch.val_loss
+    for (name, a), b in zip(ours.state_dict().items(), theirs.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_muon_lowers_the_loss(abc_ids):
+    train_ids, val_ids = abc_ids
+    model = _model()
+    history = T.train(model, train_ids, val_ids, dataclasses.replace(FAST, optimizer="muon"), progress=False)
+    assert history.val_loss[-1] < 0.5 * history.val_loss[0]
 
 
 def test_gradient_clipping_bounds_the_norm(abc_ids):
@@ -136,13 +185,14 @@ def test_gradient_clipping_bounds_the_norm(abc_ids):
     assert clipped[0] == pytest.approx(clip, rel=1e-5)   # a large gradient is scaled to the bound
 
 
-def test_resume_gives_the_same_losses_as_not_stopping(abc_ids, tmp_path):
+@pytest.mark.parametrize("optimizer", T.OPTIMIZERS)
+def test_resume_gives_the_same_losses_as_not_stopping(abc_ids, tmp_path, optimizer):
     """20 steps straight vs 10, a fresh model object, resume, 10 more. Dropout is on, so the
     torch RNG state must be restored too; checkpoint_every=3 adds mid-run saves."""
     train_ids, val_ids = abc_ids
     config = dataclasses.replace(TINY, dropout=0.1)
     tc = dataclasses.replace(FAST, max_steps=20, eval_every=4, checkpoint_path=str(tmp_path / "a.pt"),
-                             checkpoint_every=3)
+                             checkpoint_every=3, optimizer=optimizer)
     straight = _model(config)
     h_straight = T.train(straight, train_ids, val_ids, tc, progress=False)
 
