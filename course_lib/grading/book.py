@@ -30,10 +30,11 @@ from . import config, figures, notebook
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
-def execute(path: Path, timeout: int | None = None) -> tuple[nbformat.NotebookNode, float, list[str]]:
-    """Run a notebook top to bottom in its own folder; returns (executed copy, seconds, figure
-    problems). Two cells, added around the notebook and removed after, check every figure it
-    draws for axis labels (:mod:`.figures`)."""
+def execute(path: Path, timeout: int | None = None,
+            folder: Path | None = None) -> tuple[nbformat.NotebookNode, float, list[str]]:
+    """Run a notebook top to bottom in ``folder`` (default: its own); returns (executed copy,
+    seconds, figure problems). Two cells, added around the notebook and removed after, check every
+    figure it draws for axis labels (:mod:`.figures`)."""
     nb = notebook.read(path)
     nb.cells.insert(0, nbformat.v4.new_code_cell(figures.WATCH_CELL))
     nb.cells.append(nbformat.v4.new_code_cell(figures.REPORT_CELL))
@@ -41,7 +42,7 @@ def execute(path: Path, timeout: int | None = None) -> tuple[nbformat.NotebookNo
         nb,
         timeout=timeout or config.cell_timeout(),
         kernel_name="python3",
-        resources={"metadata": {"path": str(path.parent)}},
+        resources={"metadata": {"path": str(folder or path.parent)}},
     )
     start = time.perf_counter()
     client.execute(env=config.kernel_env())
