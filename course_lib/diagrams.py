@@ -17,6 +17,7 @@ function                      chapter  picture
 :func:`multi_head_split`      02       ``(B, S, D) -> (B, S, H, Dh) -> (B, H, S, Dh)``
 :func:`gqa_sharing`           02       which query heads share each key/value head (MHA, GQA, MQA)
 :func:`kv_cache`              02       one decoding step with a KV cache
+:func:`gpt_architecture`      03       a GPT from token ids to logits, sized by a ``ModelConfig``
 :func:`transformer_families`  03       encoder-only, decoder-only, encoder-decoder
 :func:`residual_stream`       03       blocks reading from and adding to the residual stream
 :func:`norm_positions`        04       post-norm vs pre-norm and the identity (gradient) path
@@ -37,9 +38,9 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-__all__ = ["bpe_merges", "transformer_families", "residual_stream", "attention_masks", "multi_head_split",
-           "gqa_sharing", "kv_cache", "norm_positions", "block_flops", "isoflop_explained", "moe_routing",
-           "lora_adapter", "rlhf_pipeline"]
+__all__ = ["bpe_merges", "gpt_architecture", "transformer_families", "residual_stream", "attention_masks",
+           "multi_head_split", "gqa_sharing", "kv_cache", "norm_positions", "block_flops",
+           "isoflop_explained", "moe_routing", "lora_adapter", "rlhf_pipeline"]
 
 # Okabe & Ito (2008), "Color Universal Design": told apart with the common colour-vision deficiencies.
 BLUE, ORANGE, GREEN, VERMILLION = "#0072B2", "#E69F00", "#009E73", "#D55E00"
@@ -420,6 +421,88 @@ def kv_cache(step: int = 4):
 # ---------------------------------------------------------------------------------------------
 # Chapter 03
 # ---------------------------------------------------------------------------------------------
+
+def _params(module) -> str:
+    """A module's parameter count, ``66 k params`` style."""
+    return f"{_si(sum(p.numel() for p in module.parameters())).rstrip()} params"
+
+
+def gpt_architecture(config=None):
+    """A decoder-only GPT from token ids to logits, drawn for ``config`` (a
+    :class:`course_lib.model.ModelConfig`; default: its defaults): the token embedding (plus the
+    position table when positions are learned), one pre-norm block standing for all ``L`` (norm,
+    causal multi-head attention, +; norm, MLP, +), the final norm and the LM head, with each part's
+    parameter count taken from a ``model.GPT(config)`` built on the meta device (shapes, no
+    memory). A tied head is drawn as one matrix used twice. Only pre-norm, dense GPTs are drawn."""
+    import torch
+
+    from .model import GPT, ModelConfig
+
+    config = ModelConfig() if config is None else config
+    if not isinstance(config, ModelConfig):
+        raise ValueError(f"config must be a model.ModelConfig or None, got {type(config).__name__}")
+    if config.norm_position != "pre" or config.moe is not None:
+        raise ValueError("gpt_architecture draws a pre-norm GPT with dense MLPs")
+    with torch.device("meta"):
+        gpt = GPT(config)
+    c, block = config, gpt.blocks[0]
+    norm = "RMSNorm" if c.norm == "rmsnorm" else "LayerNorm"
+    fig, ax = _canvas()
+    ax.text(WIDTH / 2, 3.3, f"GPT: {gpt.num_params():,} parameters  (V = {c.vocab_size}, D = {c.d_model}, "
+            f"L = {c.n_layers}, H = {c.n_heads}, Hkv = {c.kv_heads}, F = {c.ff_width}, "
+            f"context {c.context_length})", ha="center", va="center", fontsize=FONT, weight="bold")
+    y = 1.45  # the residual stream's height
+    ax.text(0.05, y, "token\nids\n(B, S)", va="center", fontsize=SMALL)
+    _box(ax, 1.1, y, 0.95, 0.85, f"token\nembedding\nV × D\n{_params(gpt.tok_emb)}", GREY, fontsize=SMALL)
+    _arrow(ax, (0.5, y), (0.62, y))
+    if gpt.pos_emb is not None:
+        _box(ax, 1.1, 0.55, 0.95, 0.6, f"positions\n{c.context_length} × D\n{_params(gpt.pos_emb)}", GREY,
+             fontsize=SMALL)
+        _plus(ax, 1.7, y)
+        _arrow(ax, (1.58, 0.55), (1.7, 0.55), (1.7, y - 0.09))
+        _arrow(ax, (1.58, y), (1.7 - 0.09, y))
+    # one block, standing for L: the stream runs left to right, each sublayer branches above it
+    x0, x1 = 1.85, 6.0
+    ax.add_patch(_rect(x0, 0.3, x1 - x0, 2.6))
+    ax.text((x0 + x1) / 2, 0.48, f"block, repeated L = {c.n_layers} times ({_params(block)} each)",
+            ha="center", va="center", fontsize=SMALL, style="italic")
+    ax.plot([1.58, x1 + 0.1], [y, y], color=INK, linewidth=2.5, zorder=1)
+    rope = "\nRoPE on q and k" if c.positional == "rope" else ""
+    sublayers = [(x0 + 0.4, ATTENTION, f"causal attention\nH = {c.n_heads}, Hkv = {c.kv_heads}{rope}\n"
+                  f"{_params(block.attn)}"),
+                 (x0 + 2.3, MLP, f"MLP, {'SwiGLU' if c.mlp == 'swiglu' else 'GELU'}\nD → F → D\n"
+                  f"{_params(block.mlp)}")]
+    for xr, color, label in sublayers:
+        ax.plot([xr], [y], "o", color=INK, markersize=4, zorder=3)  # the read point
+        _arrow(ax, (xr, y), (xr, y + 0.47))
+        _box(ax, xr, y + 0.65, 0.55, 0.36, norm.replace("Norm", "\nNorm"), NORM, fontsize=SMALL)
+        _arrow(ax, (xr + 0.28, y + 0.65), (xr + 0.35, y + 0.65))
+        _box(ax, xr + 0.95, y + 0.65, 1.2, 0.85, label, color, fontsize=SMALL)
+        _arrow(ax, (xr + 1.55, y + 0.65), (xr + 1.7, y + 0.65), (xr + 1.7, y + 0.09))
+        _plus(ax, xr + 1.7, y)
+    ax.text(x0 + 0.15, y - 0.25, "residual stream (B, S, D)", fontsize=SMALL, va="center")
+    _box(ax, 6.45, y, 0.7, 0.5, f"final\n{norm}", NORM, fontsize=SMALL)
+    _box(ax, 7.45, y, 0.8, 0.6, "LM head\nD → V", GREY, fontsize=SMALL)
+    _arrow(ax, (6.8, y), (7.05, y))
+    _arrow(ax, (7.45, y + 0.3), (7.45, y + 0.8))
+    ax.text(7.45, y + 0.88, "logits (B, S, V)\n→ next-token\nprobabilities", ha="center", va="bottom",
+            fontsize=SMALL)
+    if c.tie_embeddings:  # one matrix, used twice: drawn as a dashed link under the block
+        _arrow(ax, (1.1, y - 0.43), (1.1, 0.1), (7.45, 0.1), (7.45, y - 0.3), color=FOCUS, ls="--")
+        ax.text(6.62, 0.65, "tied: head and\nembedding share\none matrix", ha="center", va="center",
+                fontsize=SMALL)
+    else:
+        ax.text(7.45, y - 0.4, f"untied\n{_params(gpt.lm_head)}", ha="center", va="top", fontsize=SMALL)
+    return fig
+
+
+def _rect(x, y, w, h):
+    """A pale frame around a block."""
+    from matplotlib.patches import FancyBboxPatch
+
+    return FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0,rounding_size=0.08", facecolor="#FAFAFA",
+                          edgecolor=GREY, linewidth=1.0, zorder=0.5)
+
 
 def transformer_families():
     """The three families side by side, each with its self-attention mask as an icon: encoder-only

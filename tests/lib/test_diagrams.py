@@ -230,6 +230,58 @@ def test_transformer_families_names_the_three_and_their_masks():
     assert sum(a for a, _ in cells) == 2 * 25 + 2 * 15 and sum(m for _, m in cells) == 2 * 10
 
 
+CHAR_GPT = model.ModelConfig(vocab_size=256, context_length=64, d_model=128, n_layers=2, n_heads=4,
+                             positional="rope", norm="rmsnorm", mlp="swiglu")  # chapter 03's
+
+
+def _k_params(n: int) -> str:
+    """The label an independent count should produce: ``66 k params`` style (3 significant digits)."""
+    for factor, prefix in ((1e6, "M"), (1e3, "k")):
+        if n >= factor:
+            return f"{n / factor:.3g} {prefix} params"
+    return f"{n} params"
+
+
+@pytest.mark.parametrize("config", [
+    CHAR_GPT, model.ModelConfig(),
+    model.ModelConfig(n_kv_heads=1, tie_embeddings=False, d_model=96, n_heads=6),
+    model.ModelConfig(vocab_size=50_257, context_length=1024, d_model=768, n_layers=12, n_heads=12),  # GPT-2
+], ids=["chapter 03", "defaults", "untied MQA", "GPT-2 small"])
+def test_gpt_architecture_counts_what_the_model_holds(config):
+    fig = drawn(diagrams.gpt_architecture(config))
+    joined = "\n".join(texts(fig))
+    D, F, V, Hkv, Dh = config.d_model, config.ff_width, config.vocab_size, config.kv_heads, config.head_dim
+    bias = config.bias
+    # counted by hand, independently of the model: q, o are D x D; k, v are D x Hkv Dh
+    attn = 2 * D * D + 2 * D * Hkv * Dh + (2 * D + 2 * Hkv * Dh if bias else 0)
+    n_up = 2 if config.mlp == "swiglu" else 1  # SwiGLU has a gate beside the up projection
+    mlp = (n_up + 1) * D * F + ((n_up * F + D) if bias else 0)
+    norm = D * (2 if config.norm == "layernorm" and bias else 1)
+    block = attn + mlp + 2 * norm
+    positions = config.context_length * D if config.positional == "learned" else 0
+    total = V * D * (1 if config.tie_embeddings else 2) + positions + config.n_layers * block + norm
+    assert total == model.GPT(config).num_params()
+    assert f"GPT: {total:,} parameters" in joined
+    assert f"{_k_params(attn)}" in joined and f"{_k_params(mlp)}" in joined
+    assert f"repeated L = {config.n_layers} times ({_k_params(block)} each)" in joined
+    assert f"H = {config.n_heads}, Hkv = {Hkv}" in joined
+    assert ("RoPE on q and k" in joined) == (config.positional == "rope")
+    assert ("positions" in joined) == (config.positional == "learned")
+    assert ("tied: head and" in joined) == config.tie_embeddings
+    assert ("untied" in joined) == (not config.tie_embeddings)
+    assert ("SwiGLU" in joined) == (config.mlp == "swiglu")
+    assert joined.count("RMS\nNorm" if config.norm == "rmsnorm" else "Layer\nNorm") == 2  # one per sublayer
+
+
+@pytest.mark.parametrize("config, match", [
+    ("gpt2", "config must be a model.ModelConfig"),
+    (model.ModelConfig(norm_position="post"), "pre-norm GPT with dense MLPs"),
+])
+def test_gpt_architecture_bad_input(config, match):
+    with pytest.raises(ValueError, match=match):
+        diagrams.gpt_architecture(config)
+
+
 @pytest.mark.parametrize("n_layers", [1, 2, 4])
 def test_residual_stream_has_a_read_and_add_per_sublayer(n_layers):
     labels = Counter(texts(drawn(diagrams.residual_stream(n_layers=n_layers))))
