@@ -102,7 +102,7 @@ sweep: $(STAMP)
 	$(PY) -m course_lib.scaling sweep
 
 moe-runs: $(STAMP)
-	$(PY) -m course_lib.moe runs
+	$(PY) -m course_lib.moe_runs train
 
 lint: $(STAMP)
 	$(BIN)/ruff check course_lib tests benchmarks

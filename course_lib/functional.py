@@ -126,7 +126,8 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
 
     * ``"none"``: ``0.5 x (1 + erf(x / sqrt(2)))``, exact (``F.gelu``'s default);
     * ``"tanh"``: ``0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))``, GPT-2's ``gelu_new``,
-      within ~1e-3 of exact; the MLP of :mod:`course_lib.model` uses this one.
+      within ~1e-3 of exact; the model's MLP uses this one with ``mlp="gelu"`` and the exact one
+      with ``mlp="gelu_exact"`` (:class:`course_lib.model.MLP`).
 
     >>> gelu(torch.tensor([-1.0, 0.0, 1.0]))         # Phi(1) = 0.8413
     tensor([-0.1587,  0.0000,  0.8413])

@@ -8,12 +8,18 @@ Three ways to tell it where each token is:
 * :class:`RotaryEmbedding` (RoPE; Su et al., "RoFormer", 2021/2024): rotate q and k by an
   angle proportional to their position, so that q.k depends only on the *relative* offset.
 
-RoPE here uses the "rotate half" layout of Llama/HuggingFace: dimension i is paired with
-dimension i + Dh/2 (not with its neighbour 2i+1, as in the paper and in Meta's complex-number
-code). The two layouts are the same rotation after permuting the dimensions of q and k::
+RoPE turns pairs of dimensions, and codebases disagree on which dimensions make a pair.
+:class:`RotaryEmbedding` offers both (``pairing=``); the default is HuggingFace Llama's::
 
-    paper (interleaved):   (x0, x1) (x2, x3) (x4, x5) (x6, x7)    pairs of neighbours
-    rotate half (here):    (x0, x4) (x1, x5) (x2, x6) (x3, x7)    first half with second half
+    "halves" (default):    (x0, x4) (x1, x5) (x2, x6) (x3, x7)    first half with second half
+                           HF Llama, GPT-NeoX, "rotate half"
+    "interleaved":         (x0, x1) (x2, x3) (x4, x5) (x6, x7)    pairs of neighbours
+                           the RoFormer paper, Meta's original Llama code (complex numbers), GPT-J
+
+The two are the same rotation after permuting the dimensions of q and k within each head
+(interleaved -> halves: ``x0 x2 x4 x6 | x1 x3 x5 x7``), which is how Meta's Llama checkpoints
+are converted to HuggingFace's: the rows of ``q_proj`` and ``k_proj`` are permuted once, and
+the model computes the same scores.
 
 Left out: ALiBi, NoPE, RoPE scaling for long context (NTK, YaRN, Llama 3's frequency bands).
 Shapes: ``S`` positions, ``D`` model width, ``Dh`` head dim, ``B`` batch.
@@ -24,7 +30,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["sinusoidal", "LearnedPositional", "RotaryEmbedding"]
+__all__ = ["sinusoidal", "LearnedPositional", "RotaryEmbedding", "rotate_half", "rotate_pairs", "PAIRINGS"]
+
+PAIRINGS = ("halves", "interleaved")  # RoPE's two layouts; see the module docstring
 
 
 def sinusoidal(context_length: int, d_model: int, base: float = 10000.0, *, device=None,
@@ -73,19 +81,38 @@ class LearnedPositional(nn.Module):
 
 
 def rotate_half(x: Tensor) -> Tensor:
-    """``(x1, x2) -> (-x2, x1)`` on the two halves of the last dim: a 90-degree turn per pair."""
+    """``(x1, x2) -> (-x2, x1)`` on the two halves of the last dim: a 90-degree turn per pair
+    ``(x_i, x_{i + Dh/2})``.
+
+    >>> rotate_half(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    tensor([-3., -4.,  1.,  2.])
+    """
     x1, x2 = x.chunk(2, dim=-1)  # (..., Dh) -> 2 x (..., Dh/2)
     return torch.cat([-x2, x1], dim=-1)  # -> (..., Dh)
 
 
-class RotaryEmbedding(nn.Module):
-    """Rotary position embedding (RoPE), rotate-half layout; see the module docstring.
+def rotate_pairs(x: Tensor) -> Tensor:
+    """``(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)``: a 90-degree turn per pair of
+    neighbours ``(x_{2i}, x_{2i+1})``, the interleaved layout's :func:`rotate_half`.
 
-    Pair ``(x_i, x_{i + Dh/2})`` at position m is rotated by the angle ``m * theta_i`` with
-    ``theta_i = base^(-2i/Dh)``::
+    >>> rotate_pairs(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    tensor([-2.,  1., -4.,  3.])
+    """
+    even, odd = x[..., 0::2], x[..., 1::2]  # (..., Dh) -> 2 x (..., Dh/2)
+    return torch.stack([-odd, even], dim=-1).flatten(-2)  # (..., Dh/2, 2) -> (..., Dh)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (RoPE); ``pairing`` picks the layout (module docstring).
+
+    Pair i at position m is rotated by the angle ``m * theta_i`` with ``theta_i = base^(-2i/Dh)``.
+    With ``pairing="halves"`` (default) pair i is ``(x_i, x_{i + Dh/2})``::
 
         x_i'        = x_i cos(m theta_i) - x_{i+Dh/2} sin(m theta_i)
         x_{i+Dh/2}' = x_i sin(m theta_i) + x_{i+Dh/2} cos(m theta_i)
+
+    with ``pairing="interleaved"`` it is ``(x_{2i}, x_{2i+1})``, the same formula: read as one
+    complex number ``x_{2i} + i x_{2i+1}``, the pair is multiplied by ``e^{i m theta_i}``.
 
     Rotations preserve norms, and ``<R_m q, R_n k> = <q, R_{n-m} k>`` depends on ``m - n`` only.
     ``forward(x, positions)``: x ``(..., S, Dh)``, positions ``(S,)`` or ``(B, S)`` integers
@@ -95,13 +122,18 @@ class RotaryEmbedding(nn.Module):
     >>> rope = RotaryEmbedding(2)
     >>> rope(torch.tensor([[1.0, 0.0]]), torch.tensor([1]))   # (cos 1, sin 1)
     tensor([[0.5403, 0.8415]])
+    >>> x, m = torch.tensor([[1.0, 0.0, 0.0, 0.0]]), torch.tensor([1])   # Dh = 4: the layouts differ
+    >>> RotaryEmbedding(4)(x, m), RotaryEmbedding(4, pairing="interleaved")(x, m)
+    (tensor([[0.5403, 0.0000, 0.8415, 0.0000]]), tensor([[0.5403, 0.8415, 0.0000, 0.0000]]))
     """
 
-    def __init__(self, head_dim: int, base: float = 10000.0):
+    def __init__(self, head_dim: int, base: float = 10000.0, pairing: str = "halves"):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"RotaryEmbedding needs an even head_dim (pairs of dims), got {head_dim}")
-        self.head_dim, self.base = head_dim, base
+        if pairing not in PAIRINGS:
+            raise ValueError(f"pairing must be one of {PAIRINGS}, got {pairing!r}")
+        self.head_dim, self.base, self.pairing = head_dim, base, pairing
         inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (Dh/2,)
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # moves with .to(device)
 
@@ -113,9 +145,17 @@ class RotaryEmbedding(nn.Module):
                              f"got shape {tuple(positions.shape)}")
         pos = positions.to(self.inv_freq.device, torch.float32)  # (S,) or (B, S)
         angles = pos[..., None] * self.inv_freq  # (..., S, 1) * (Dh/2,) -> (..., S, Dh/2)
-        angles = torch.cat([angles, angles], dim=-1)  # (..., S, Dh/2) -> (..., S, Dh)
+        if self.pairing == "halves":  # dims i and i + Dh/2 share an angle
+            angles = torch.cat([angles, angles], dim=-1)  # (..., S, Dh/2) -> (..., S, Dh)
+            turn = rotate_half
+        else:  # dims 2i and 2i + 1 share an angle
+            angles = angles.repeat_interleave(2, dim=-1)  # (..., S, Dh/2) -> (..., S, Dh)
+            turn = rotate_pairs
         if positions.dim() == 2:  # (B, S, Dh) -> (B, 1, .., 1, S, Dh) to skip x's head dims
             angles = angles.view(angles.shape[0], *([1] * (x.dim() - 3)), *angles.shape[1:])
         cos, sin = angles.cos(), angles.sin()
         xf = x.float()
-        return (xf * cos + rotate_half(xf) * sin).to(x.dtype)  # (..., S, Dh)
+        return (xf * cos + turn(xf) * sin).to(x.dtype)  # (..., S, Dh)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, base={self.base}, pairing={self.pairing!r}"

@@ -1,5 +1,5 @@
 """A results file that grows one row per finished run, so a long sweep survives interruption
-(chapters 06 and 07: ``python -m course_lib.scaling sweep``, ``python -m course_lib.moe runs``).
+(chapters 06 and 07: ``python -m course_lib.scaling sweep``, ``python -m course_lib.moe_runs train``).
 
 The caller decides which jobs are still to do (those not yet in the file) and how to run one;
 :func:`append_rows` runs them in order and appends each row to the CSV as soon as it exists.

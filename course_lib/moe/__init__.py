@@ -7,15 +7,14 @@ The package, read in this order:
 * ``layer``: :class:`MoEConfig`, the :class:`MoE` layer that replaces a block's MLP,
   :func:`dispatch` (no loop over tokens) and :func:`moe_reference` (the loop it must equal);
 * ``parallel``: :func:`expert_parallel_forward` (experts split across processes, tokens sent by
-  all-to-all) and :func:`run_expert_parallel`, which simulates it on a CPU;
-* ``runs`` (``moe.runs``, loaded on first use: it builds GPTs, and the GPT imports this
-  package): the chapter's dense and MoE training runs and their shipped CSV
-  (``python -m course_lib.moe runs``).
+  all-to-all) and :func:`run_expert_parallel`, which simulates it on a CPU.
+
+The package depends on nothing in :mod:`course_lib.model`: an expert is any module passed in
+(the GPT passes its MLP). The chapter's dense-against-MoE training runs build GPTs, so they
+live outside it, in :mod:`course_lib.moe_runs` (``python -m course_lib.moe_runs train``).
 
 Shapes: ``T`` tokens, ``D`` d_model, ``E`` experts, ``K`` experts per token.
 """
-
-import importlib
 
 from .layer import MoE, MoEConfig, aux_loss, combine, dispatch, moe_reference, run_experts, sort_choices
 from .parallel import ExpertParallelResult, expert_parallel_forward, run_expert_parallel
@@ -25,8 +24,3 @@ __all__ = ["Routing", "route", "expert_capacity", "load_balancing_loss", "router
            "sort_choices", "run_experts", "combine", "dispatch", "moe_reference", "aux_loss",
            "expert_parallel_forward", "ExpertParallelResult", "run_expert_parallel"]
 
-
-def __getattr__(name: str):
-    if name == "runs":  # imported late: course_lib.model imports this package
-        return importlib.import_module(".runs", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

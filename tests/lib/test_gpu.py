@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from course_lib import attention, generation, lora, moe, rlhf, train
+from course_lib import attention, generation, lora, moe, moe_runs, rlhf, train
 from course_lib import model as M
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
@@ -92,8 +92,8 @@ def test_measure_routing_follows_a_model_on_cuda():
     gpt = M.GPT(config)
     ids = torch.randint(0, config.vocab_size, (2000,), generator=torch.Generator().manual_seed(0))
     settings = train.TrainConfig(batch_size=4, eval_batches=2)
-    on_cpu = moe.runs.measure_routing(gpt, ids, settings)
-    on_cuda = moe.runs.measure_routing(gpt.to(CUDA), ids, settings)
+    on_cpu = moe_runs.measure_routing(gpt, ids, settings)
+    on_cuda = moe_runs.measure_routing(gpt.to(CUDA), ids, settings)
     torch.testing.assert_close(on_cuda[0], on_cpu[0], atol=1e-6, rtol=0)
     assert on_cuda[1] == on_cpu[1]
 

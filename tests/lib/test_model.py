@@ -5,6 +5,10 @@ random configs, with every weight randomised (norm gains around 1) so that a swa
 untransposed matrix shows; our model loads their weights and must give the same logits.
 Properties: causality, KV-cache decoding == full forward, tied weights are one Parameter,
 parameter accounting against ``sum(p.numel())``, post-norm runs and differs, bad input errors.
+Conventions met elsewhere, as options: RoPE's interleaved pairing is the default one after
+HF's Meta-to-HF permutation of the q and k rows; ``mlp="gelu_exact"`` is the erf GELU (and
+HF GPT-2's ``"gelu"``); ``norm_eps`` reaches every norm of every family; a checkpoint saved
+before the newer config fields loads.
 """
 
 from __future__ import annotations
@@ -13,8 +17,11 @@ import dataclasses
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-from course_lib import attention
+from course_lib import attention, flops, norms, pretrained
+from course_lib import functional as Fn
 from course_lib import model as M
 
 TINY = M.ModelConfig(vocab_size=50, context_length=16, d_model=32, n_layers=2, n_heads=4)
@@ -45,16 +52,20 @@ def _randomise(hf_model) -> None:
 
 
 # --------------------------------------------------------------------------- HuggingFace parity
-def test_gpt2_parity_with_huggingface():
+@pytest.mark.parametrize(("activation", "mlp"), [("gelu_new", "gelu"), ("gelu", "gelu_exact"),
+                                                 ("gelu_pytorch_tanh", "gelu")])
+def test_gpt2_parity_with_huggingface(activation, mlp):
+    """GPT-2's own activation is ``gelu_new`` (tanh); HF's ``gelu`` is the exact one."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=100, n_positions=32,
-                                  resid_pdrop=0, embd_pdrop=0, attn_pdrop=0, bos_token_id=0, eos_token_id=0)
+                                  resid_pdrop=0, embd_pdrop=0, attn_pdrop=0, bos_token_id=0, eos_token_id=0,
+                                  activation_function=activation)
     hf = transformers.GPT2LMHeadModel._from_config(cfg, attn_implementation="eager").eval()
     _randomise(hf)
     ours = M.from_hf_gpt2(hf)
     c = ours.config
     assert (c.positional, c.norm, c.mlp, c.tie_embeddings, c.bias) == (
-        "learned", "layernorm", "gelu", True, True)
+        "learned", "layernorm", mlp, True, True)
     assert ours.num_params() == sum(p.numel() for p in hf.parameters())
     ids = _ids(3, 32, 100)
     with torch.no_grad():
@@ -62,6 +73,15 @@ def test_gpt2_parity_with_huggingface():
         got, _ = ours(ids)
     assert expected.abs().max() > 1.0  # the comparison is not between near-zero numbers
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_gpt2_with_another_activation_is_refused():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=10, n_positions=8,
+                                  activation_function="relu")
+    hf = transformers.GPT2LMHeadModel._from_config(cfg)
+    with pytest.raises(ValueError, match="activation_function must be one of .*got 'relu'"):
+        M.from_hf_gpt2(hf)
 
 
 def test_llama_parity_with_huggingface():
@@ -283,6 +303,10 @@ def test_padding_mask_errors_name_the_bad_value():
     (dict(n_layers=-1), "n_layers"),
     (dict(dropout=1.0), "dropout"),
     (dict(d_ff=0), "d_ff"),
+    (dict(rope_pairing="neox"), "rope_pairing must be one of .*'neox'"),
+    (dict(mlp="gelu_tanh"), "mlp must be one of .*'gelu_exact'.*'gelu_tanh'"),
+    (dict(norm_eps=-1e-5), "norm_eps must be >= 0 .*-1e-05"),
+    (dict(rope_base=0.0), "rope_base must be > 0"),
 ])
 def test_config_validation_names_the_bad_value(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -305,3 +329,116 @@ def test_forward_errors_name_the_bad_value():
     model(torch.zeros(1, 16, dtype=torch.long), caches=caches)
     with pytest.raises(ValueError, match="16 cached"):
         model(torch.zeros(1, 1, dtype=torch.long), caches=caches)
+
+
+# --------------------------------------------------------------------------- conventions met elsewhere
+def _spread(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Weights of std 0.3 (gains around 1), so that a wrong layout changes the logits visibly."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            gain = p.dim() == 1 and "norm" in name and name.endswith("weight")
+            p.copy_((1.0 if gain else 0.0) + 0.3 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def _interleaved_to_halves(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """The rows of a q or k projection (weight ``(H Dh, D)`` or bias ``(H Dh,)``), head by head,
+    from interleaved pairs (2i, 2i+1) to halves (i, i + Dh/2): HF's ``permute`` in
+    ``convert_llama_weights_to_hf.py``, written as it does (view, transpose)."""
+    rows, rest = w.shape[0], w.shape[1:]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *rest).transpose(1, 2).reshape(rows, *rest)
+
+
+@pytest.mark.parametrize(("bias", "n_kv_heads"), [(False, 2), (True, None), (False, 1)])
+def test_rope_pairings_are_one_model_after_permuting_the_q_and_k_rows(bias, n_kv_heads):
+    """Meta's Llama checkpoints (interleaved) become HF's (halves) by permuting the rows of
+    q_proj and k_proj within each head; nothing else changes, and the logits are the same."""
+    config = dataclasses.replace(VARIANTS["llama-like"], rope_pairing="interleaved", bias=bias,
+                                 n_kv_heads=n_kv_heads)
+    interleaved = _spread(M.GPT(config).eval())
+    halves = M.GPT(dataclasses.replace(config, rope_pairing="halves")).eval()
+    assert halves.rotary.pairing == "halves" and interleaved.rotary.pairing == "interleaved"
+    weights = interleaved.state_dict()
+    for name in weights:
+        if ".attn.q_proj." in name:
+            weights[name] = _interleaved_to_halves(weights[name], config.n_heads)
+        elif ".attn.k_proj." in name:
+            weights[name] = _interleaved_to_halves(weights[name], config.kv_heads)
+    halves.load_state_dict(weights)
+    ids = _ids(2, 16, 50)
+    with torch.no_grad():
+        want = interleaved(ids)[0]
+        torch.testing.assert_close(halves(ids)[0], want, atol=1e-5, rtol=1e-5)
+        halves.load_state_dict(interleaved.state_dict())  # the same weights unpermuted: another model
+        assert (halves(ids)[0] - want).abs().max() > 0.1
+
+
+def test_rope_pairing_reaches_every_stack():
+    config = dataclasses.replace(VARIANTS["llama-like"], rope_pairing="interleaved", rope_base=500.0)
+    for rotary in (M.GPT(config).rotary, M.MaskedLM(config).encoder.rotary,
+                   M.EncoderDecoder(config).rotary, M.EncoderDecoder(config).encoder.rotary):
+        assert (rotary.pairing, rotary.base, rotary.head_dim) == ("interleaved", 500.0, 8)
+
+
+def test_gelu_exact_mlp_is_the_erf_gelu():
+    """The MLP against float64 references: torch's exact GELU and course_lib.functional's, on
+    pre-activations from -10 to 10 (weights of std 1); the tanh kind differs from them."""
+    config = dataclasses.replace(TINY, mlp="gelu_exact")
+    assert config.ff_width == TINY.ff_width == 4 * 32  # the d_ff rule of GELU
+    torch.manual_seed(0)
+    exact = M.MLP(config)
+    with torch.no_grad():
+        exact.up_proj.weight.normal_(0.0, 1.0)
+    x = torch.cat([torch.randn(2, 6, 32), torch.zeros(1, 6, 32)])  # zero rows: GELU(bias) only
+    up, down = exact.up_proj, exact.down_proj
+    h = F.linear(x.double(), up.weight.double(), up.bias.double())  # (B, S, F) float64
+
+    def down64(a):
+        return F.linear(a, down.weight.double(), down.bias.double())  # (B, S, F) -> (B, S, D)
+
+    assert h.min() < -5 and h.max() > 5
+    with torch.no_grad():
+        got = exact(x)
+        torch.testing.assert_close(got.double(), down64(F.gelu(h, approximate="none")), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got.double(), down64(Fn.gelu(h)), atol=1e-5, rtol=1e-5)
+        tanh = M.MLP(TINY)
+        tanh.load_state_dict(exact.state_dict())
+        assert (tanh(x) - got).abs().max() > 1e-4  # the tanh form is another function
+        want = down64(F.gelu(h, approximate="tanh"))
+        torch.testing.assert_close(tanh(x).double(), want, atol=1e-5, rtol=1e-5)
+    assert flops.param_count(config) == flops.param_count(TINY)
+    assert M.GPT(config).num_params() == M.GPT(TINY).num_params()
+
+
+_NORMS = (norms.LayerNorm, norms.RMSNorm, nn.LayerNorm, nn.RMSNorm)
+
+
+@pytest.mark.parametrize("position", ["pre", "post"])
+@pytest.mark.parametrize(("norm", "eps", "want"), [("layernorm", None, 1e-5), ("rmsnorm", None, 1e-6),
+                                                   ("layernorm", 1e-12, 1e-12), ("rmsnorm", 1e-3, 1e-3)])
+def test_norm_eps_reaches_every_norm_of_every_family(norm, eps, want, position):
+    """Defaults as documented (1e-5 LayerNorm as GPT-2, 1e-6 RMSNorm as Llama), or the config's;
+    the count shows no norm is built elsewhere: 2 per block (3 per decoder block) + a final one
+    per pre-norm stack."""
+    config = dataclasses.replace(TINY, norm=norm, norm_eps=eps, norm_position=position)
+    L, final = config.n_layers, int(position == "pre")
+    kind = norms.LayerNorm if norm == "layernorm" else norms.RMSNorm
+    for family, count in ((M.GPT, 2 * L + final), (M.MaskedLM, 2 * L + final),
+                          (M.EncoderDecoder, 2 * L + final + 3 * L + final)):
+        found = [m for m in family(config).modules() if isinstance(m, _NORMS)]
+        assert len(found) == count, family.__name__
+        assert all(type(m) is kind and m.eps == want for m in found), family.__name__
+
+
+def test_a_checkpoint_saved_before_the_newer_fields_still_loads():
+    path = pretrained.CHECKPOINT_DIR / "shakespeare_char.pt"
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    stored = ckpt["model_config"]
+    assert not {"rope_pairing", "moe"} & set(stored)  # written before these fields existed
+    config = M.ModelConfig(**stored)
+    assert (config.rope_pairing, config.mlp, config.moe) == ("halves", "gelu", None)
+    M.GPT(config).load_state_dict(ckpt["state_dict"])  # strict: every parameter name unchanged
+    for name, config in VARIANTS.items():
+        older = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("rope_pairing", "moe")}
+        assert M.ModelConfig(**older) == config, name

@@ -1,8 +1,9 @@
 """Tests for course_lib.positional.
 
 References: the sinusoidal formula evaluated in a plain Python loop, a direct complex-number
-RoPE (Meta's ``x * e^{i m theta}`` on interleaved pairs) after the half-split permutation,
-and RoPE's defining properties (norms kept, scores depend on relative position only).
+RoPE (Meta's ``x * e^{i m theta}`` on interleaved pairs), which ``pairing="interleaved"`` must
+equal as it is and the default ``"halves"`` after the half-split permutation, and RoPE's
+defining properties in both pairings (norms kept, scores depend on relative position only).
 """
 
 from __future__ import annotations
@@ -84,9 +85,46 @@ def test_rope_matches_complex_number_rope_after_the_half_split_permutation(Dh):
     torch.testing.assert_close(got.double(), want, atol=2e-4, rtol=1e-4)
 
 
-def test_rope_preserves_norms_and_scores_depend_only_on_relative_position():
+@pytest.mark.parametrize("Dh", [2, 8, 16])
+def test_interleaved_rope_matches_complex_number_rope_as_it_is(Dh):
     torch.manual_seed(0)
-    rope = P.RotaryEmbedding(16)
+    x = torch.randn(2, 3, 11, Dh)
+    positions = torch.tensor([0, 1, 2, 5, 9, 17, 100, 1000, 3, 4, 4096])
+    got = P.RotaryEmbedding(Dh, pairing="interleaved")(x, positions)
+    torch.testing.assert_close(got.double(), _complex_rope(x, positions), atol=2e-4, rtol=1e-4)
+    base = P.RotaryEmbedding(Dh, base=500.0, pairing="interleaved")(x, positions)  # another base
+    torch.testing.assert_close(base.double(), _complex_rope(x, positions, 500.0), atol=2e-4, rtol=1e-4)
+
+
+def test_the_two_pairings_differ_except_with_one_pair():
+    torch.manual_seed(0)
+    x, positions = torch.randn(5, 8), torch.arange(5)
+    halves, interleaved = P.RotaryEmbedding(8), P.RotaryEmbedding(8, pairing="interleaved")
+    assert not torch.allclose(halves(x, positions), interleaved(x, positions), atol=1e-3)
+    torch.testing.assert_close(halves(x, positions), _to_halves(interleaved(_from_halves(x), positions)))
+    two = torch.randn(5, 2)  # Dh = 2: one pair, (x0, x1) in both layouts
+    torch.testing.assert_close(P.RotaryEmbedding(2)(two, positions),
+                               P.RotaryEmbedding(2, pairing="interleaved")(two, positions))
+
+
+def _from_halves(x):  # the inverse of _to_halves
+    h = x.shape[-1] // 2
+    return torch.stack([x[..., :h], x[..., h:]], dim=-1).flatten(-2)
+
+
+def test_rotate_pairs_and_rotate_half_turn_each_pair_by_90_degrees():
+    x = torch.arange(1.0, 9.0)  # 1 .. 8
+    assert P.rotate_half(x).tolist() == [-5, -6, -7, -8, 1, 2, 3, 4]
+    assert P.rotate_pairs(x).tolist() == [-2, 1, -4, 3, -6, 5, -8, 7]
+    for turn in (P.rotate_half, P.rotate_pairs):
+        torch.testing.assert_close(turn(turn(x)), -x)  # two quarter turns: a half turn
+        assert float(turn(x) @ x) == 0.0  # each pair turned by 90 degrees is orthogonal to itself
+
+
+@pytest.mark.parametrize("pairing", ["halves", "interleaved"])
+def test_rope_preserves_norms_and_scores_depend_only_on_relative_position(pairing):
+    torch.manual_seed(0)
+    rope = P.RotaryEmbedding(16, pairing=pairing)
     q, k = torch.randn(16), torch.randn(16)
     x = torch.randn(4, 9, 16)
     torch.testing.assert_close(rope(x, torch.arange(9) * 7).norm(dim=-1), x.norm(dim=-1))
@@ -100,9 +138,10 @@ def test_rope_preserves_norms_and_scores_depend_only_on_relative_position():
     assert abs(score(5, 3) - score(5, 4)) > 1e-3  # and it does depend on the offset
 
 
-def test_rope_batched_positions_dtype_and_errors():
+@pytest.mark.parametrize("pairing", ["halves", "interleaved"])
+def test_rope_batched_positions_dtype_and_errors(pairing):
     torch.manual_seed(0)
-    rope = P.RotaryEmbedding(8)
+    rope = P.RotaryEmbedding(8, pairing=pairing)
     x = torch.randn(2, 3, 5, 8)  # (B, H, S, Dh)
     pos = torch.stack([torch.arange(5), torch.arange(5) + 10])  # (B, S)
     got = rope(x, pos)
@@ -113,6 +152,8 @@ def test_rope_batched_positions_dtype_and_errors():
     torch.testing.assert_close(rope(x, torch.zeros(5, dtype=torch.long)), x)  # position 0: identity
     with pytest.raises(ValueError, match="even head_dim.*got 7"):
         P.RotaryEmbedding(7)
+    with pytest.raises(ValueError, match="pairing must be one of .*'halves', 'interleaved'.*got 'neox'"):
+        P.RotaryEmbedding(8, pairing="neox")
     with pytest.raises(ValueError, match="head_dim=8"):
         rope(torch.randn(5, 6), torch.arange(5))
     with pytest.raises(ValueError, match=r"S = x.shape\[-2\] = 5"):

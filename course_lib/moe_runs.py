@@ -15,9 +15,14 @@ training steps, limit them: the regime where a mixture of experts pays. (At 600 
 ``D = 64`` model was limited by steps, and every MoE lost to the dense model: each expert sees
 only its share of the tokens.)
 
-``python -m course_lib.moe runs`` (``make moe-runs``) trains the runs missing from the CSV and
-appends one row per run and seed (it resumes after an interruption); the chapter reads the
+``python -m course_lib.moe_runs train`` (``make moe-runs``) trains the runs missing from the CSV
+and appends one row per run and seed (it resumes after an interruption); the chapter reads the
 shipped ``course_lib/results/moe_runs.csv``. About 15 minutes on 2 CPU cores.
+
+This is an experiment *about* the MoE layer, so it lives beside :mod:`course_lib.moe` rather
+than in it, as :mod:`course_lib.scaling`'s sweep does for chapter 06: the layer depends on
+nothing in :mod:`course_lib.model`, while this module builds GPTs, counts their FLOPs
+(:mod:`course_lib.flops`) and trains them (:mod:`course_lib.train`).
 """
 
 from __future__ import annotations
@@ -30,11 +35,11 @@ from pathlib import Path
 
 import torch
 
-from .. import data, flops
-from ..model import GPT, ModelConfig
-from ..sweeps import append_rows, parse_command_line
-from ..train import TrainConfig, train
-from .layer import MoE, MoEConfig
+from . import data, flops
+from .model import GPT, ModelConfig
+from .moe import MoE, MoEConfig
+from .sweeps import append_rows, parse_command_line
+from .train import TrainConfig, train
 
 __all__ = ["BASE", "TRAIN", "RUNS", "SEEDS", "RUNS_CSV", "measure_routing", "train_runs", "read_runs", "main"]
 
@@ -49,7 +54,7 @@ RUNS: dict[str, ModelConfig] = {
                                   moe=MoEConfig(n_experts=8, top_k=2, renormalize=True)),
 }
 SEEDS = (0, 1, 2)  # torch seeds of the models' initialisation; the batches are the same for all
-RUNS_CSV = Path(__file__).resolve().parent.parent / "results" / "moe_runs.csv"
+RUNS_CSV = Path(__file__).resolve().parent / "results" / "moe_runs.csv"
 COLUMNS = ("name", "seed", "n_experts", "top_k", "d_ff", "balance_coef", "params", "active_params",
            "flops_per_token", "loss", "dropped", "seconds", "curve", "load")
 
@@ -139,8 +144,8 @@ def train_runs(path: str | os.PathLike, names=tuple(RUNS), seeds=SEEDS, *, confi
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m course_lib.moe runs [--out PATH] [--quick] [--threads N]``."""
-    args = parse_command_line("python -m course_lib.moe", "runs",
+    """Command line: ``python -m course_lib.moe_runs train [--out PATH] [--quick] [--threads N]``."""
+    args = parse_command_line("python -m course_lib.moe_runs", "train",
                               "train the chapter's dense and MoE runs; write (or complete) the CSV", RUNS_CSV,
                               "moe_runs_quick.csv", "20 steps per run on 100k characters: a smoke test", argv)
     config = dataclasses.replace(TRAIN, max_steps=20, warmup_steps=2, eval_every=10, eval_batches=2) \
@@ -150,3 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.out}: trained {len(rows)} runs in {sum(r['seconds'] for r in rows):.0f} s; "
           f"{sum(map(len, read_runs(args.out).values()))} runs in the file")
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
