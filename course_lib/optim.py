@@ -122,6 +122,22 @@ def _check_hyperparameters(lr: float, eps: float, weight_decay: float, betas: tu
         raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
 
 
+def _step(optimizer: torch.optim.Optimizer, closure, update_for) -> Tensor | None:
+    """torch.optim's step protocol, shared by both optimizers: the closure (if any) recomputes the
+    loss with gradients on; then ``update_for(group)(p, p.grad, state, group)`` for every
+    parameter that has a gradient. Returns the closure's loss or None."""
+    loss = None
+    if closure is not None:
+        with torch.enable_grad():
+            loss = closure()
+    for group in optimizer.param_groups:
+        update = update_for(group)
+        for p in group["params"]:
+            if p.grad is not None:
+                update(p, p.grad, optimizer.state[p], group)
+    return loss
+
+
 class AdamW(torch.optim.Optimizer):
     """Adam with decoupled weight decay (Loshchilov and Hutter, 2019), written out (chapter 03).
 
@@ -152,15 +168,7 @@ class AdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    _adamw_update(p, p.grad, self.state[p], group)
-        return loss
+        return _step(self, closure, lambda group: _adamw_update)
 
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Jordan's quintic: steep at 0, then hovers near 1
@@ -281,13 +289,4 @@ class Muon(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            update = _muon_update if group["use_muon"] else _adamw_update
-            for p in group["params"]:
-                if p.grad is not None:
-                    update(p, p.grad, self.state[p], group)
-        return loss
+        return _step(self, closure, lambda group: _muon_update if group["use_muon"] else _adamw_update)

@@ -29,3 +29,11 @@ def r50k_ready():
         if os.environ.get("CI") == "true":
             pytest.fail(msg)
         pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def corpus() -> str:
+    """Shakespeare's plays (course_lib.data), read once for the BPE tests."""
+    from course_lib.data import shakespeare
+
+    return shakespeare()

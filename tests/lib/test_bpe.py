@@ -17,7 +17,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from course_lib import bpe
-from course_lib.data import shakespeare
 
 ENCODINGS = ["r50k_base", "cl100k_base", "o200k_base"]
 
@@ -39,11 +38,6 @@ TRICKY = [
 
 
 # --------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="session")
-def corpus() -> str:
-    return shakespeare()
-
-
 @pytest.fixture
 def encoding_name(request) -> str:
     if request.param == "r50k_base":

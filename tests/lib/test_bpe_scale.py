@@ -19,7 +19,6 @@ import regex
 from course_lib import bpe
 from course_lib.bpe import pretokenize
 from course_lib.bpe import tokenizer as tokenizer_module
-from course_lib.data import shakespeare
 
 EOT = "<|endoftext|>"
 PAD = "<|pad|>"
@@ -45,11 +44,6 @@ HARD = [
     "def f(x):\n    return x**2  # code\n\n\n\tpass\n",
     "\u4e2d\u6587\u5b57\u7b26 \ud55c\uad6d\uc5b4 \u0645\u0631\u062d\u0628\u0627 \u05e9\u05dc\u05d5\u05dd",
 ]
-
-
-@pytest.fixture(scope="session")
-def corpus() -> str:
-    return shakespeare()
 
 
 @functools.cache
