@@ -1,30 +1,100 @@
-"""Self-check: run a student notebook and say, exercise by exercise, pass or fail.
+"""Self-check: run a student notebook and say, exercise by exercise, PASS, FAIL or TODO.
 
-    python -m course_lib.grading.check notebooks/01_tokenization/01_tokenization.ipynb
+    python -m course_lib.grading.check notebooks/02_attention/02_attention.ipynb
+    python -m course_lib.grading.check notebooks/02_attention/02_attention.ipynb --exercise causal_mask
+    python -m course_lib.grading.check all          # every chapter; or a folder of notebooks
 
-Every cell runs in order in a fresh kernel, as "Restart and run all" would, but an error does
-not stop the run: each exercise is reported by name with PASS, FAIL (the failing assert or
-error) or TODO (still ``raise NotImplementedError()``). The exit status is 0 only if all pass.
-Only the visible tests run here; the autograder adds hidden ones.
+A fresh kernel runs the code cells in order, as "Restart and run all" would, up to the last
+graded cell (what follows is not graded and is skipped); an error does not stop the run. With
+``--exercise NAME`` only the set-up cells and that exercise's two cells run, in seconds. Each
+exercise gets PASS, FAIL (the error, the line that failed and, for a bare ``assert``, the values
+it compared) or TODO (still ``raise NotImplementedError()``); each written question ANSWERED or
+TODO (your instructor grades those by hand). Only the visible tests run here; the grader adds
+hidden ones. The exit status is 0 only if every exercise passes and every written question is
+answered.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
 from . import config, notebook
 
+ANSWER_PLACEHOLDER = "YOUR ANSWER HERE"  # what nbgrader leaves in an unanswered written question
+_MARK = "__course_selfcheck__"
+
+# Runs in the student's kernel right after a cell failed: where, in the notebook's own cells, the
+# error happened and, for a bare `assert` there, the value of each expression it compared.
+_INSPECT = r'''
+def _course_selfcheck():
+    import ast, json, linecache, sys, traceback
+    tb, err = getattr(sys, "last_traceback", None), getattr(sys, "last_value", None)
+    def in_a_cell(frame):
+        name = frame.f_code.co_filename
+        return "ipykernel_" in name or name.startswith("<ipython-input")
+    frames = list(traceback.walk_tb(tb))
+    cells = [(f, n) for f, n in frames if in_a_cell(f)]
+    if not cells:
+        return {}
+    frame, lineno = cells[-1]
+    source = "".join(linecache.getlines(frame.f_code.co_filename))
+    lines = source.splitlines()
+    line = lines[lineno - 1].strip() if lineno <= len(lines) else ""
+    out = {"cell": source, "lineno": lineno, "line": line, "values": []}
+    if not isinstance(err, AssertionError) or frames[-1][0] is not frame:
+        return out
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return out
+    asserts = [n for n in ast.walk(tree) if isinstance(n, ast.Assert) and n.lineno <= lineno <= n.end_lineno]
+    if not asserts:
+        return out
+    node = asserts[-1]
+    out["line"] = ast.unparse(node)
+    def parts(test):
+        if isinstance(test, ast.Compare):
+            return [test.left, *test.comparators]
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            return parts(test.operand)
+        if isinstance(test, ast.BoolOp):
+            return [p for v in test.values for p in parts(v)]
+        if isinstance(test, ast.Call) and (test.args or test.keywords):
+            return [*test.args, *(k.value for k in test.keywords)]
+        return [test]
+    for part in parts(node.test):
+        if isinstance(part, ast.Constant):
+            continue
+        try:
+            code = compile(ast.Expression(part), "<self-check>", "eval")
+            value = eval(code, frame.f_globals, frame.f_locals)
+            text = " ".join(repr(value).split())
+        except Exception as e:
+            text = f"(could not evaluate: {type(e).__name__})"
+        out["values"].append([ast.unparse(part), text[:300] + (" ..." if len(text) > 300 else "")])
+    return out
+try:
+    print("__course_selfcheck__" + __import__("json").dumps(_course_selfcheck()))
+finally:
+    del _course_selfcheck
+'''
+
 
 @dataclass(frozen=True)
 class Result:
-    exercise: str
-    status: str  # "PASS" | "FAIL" | "TODO"
+    exercise: str  # an exercise's or a written question's grade_id
+    status: str  # "PASS" | "FAIL" | "TODO" for exercises; "ANSWERED" | "TODO" for written questions
     detail: str = ""
 
 
@@ -35,59 +105,179 @@ def _error_of(cell) -> tuple[str, str] | None:
     return None
 
 
-def check(path: Path, timeout: int | None = None) -> list[Result]:
+def _where(client: NotebookClient, index: int) -> dict:
+    """Ask the kernel where the last error happened (``_INSPECT``); {} if it cannot say."""
+    probe, failed = nbformat.v4.new_code_cell(_INSPECT), client.nb.cells[index]
+    try:
+        client.execute_cell(probe, index)
+    except Exception:  # noqa: BLE001 (a probe that fails only loses the detail)
+        return {}
+    finally:
+        client.nb.cells[index] = failed  # execute_cell stores the probe at that index
+    for out in probe.get("outputs", []):
+        text = out.get("text", "")
+        if out.get("output_type") == "stream" and _MARK in text:
+            return json.loads(text.split(_MARK, 1)[1].splitlines()[0])
+    return {}
+
+
+def _failure(error: tuple[str, str], where: dict, cells: dict[str, str]) -> str:
+    """``AssertionError: message`` then the failing line, named by its cell, and the values."""
+    ename, evalue = error
+    lines = [f"{ename}: {evalue}".rstrip(": ").rstrip()]
+    if where.get("line"):
+        cell = next((name for name, src in cells.items() if src.strip() == where["cell"].strip()), "a cell")
+        lines.append(f"{cell}, line {where['lineno']}: {where['line']}")
+        lines += [f"  {expr} = {value}" for expr, value in where.get("values", [])]
+    return "\n".join(lines)
+
+
+def _client(nb, path: Path, timeout: int | None) -> NotebookClient:
+    quiet = logging.getLogger("course_lib.selfcheck")  # nbclient's own log would print tracebacks
+    quiet.setLevel(logging.CRITICAL)
+    return NotebookClient(nb, timeout=timeout or config.cell_timeout(), kernel_name="python3",
+                          allow_errors=True, interrupt_on_timeout=True, log=quiet,
+                          resources={"metadata": {"path": str(path.parent)}})
+
+
+def check(path: Path, timeout: int | None = None, exercise: str | None = None) -> list[Result]:
+    """PASS, FAIL or TODO for each exercise of the notebook at ``path`` (or for ``exercise`` alone)."""
     path = Path(path)
     nb = notebook.read(path)
     exercises = notebook.exercises(nb)
-    client = NotebookClient(
-        nb,
-        timeout=timeout or config.cell_timeout(),
-        kernel_name="python3",
-        allow_errors=True,
-        resources={"metadata": {"path": str(path.parent)}},
-    )
-    stopped = set()
-    with client.setup_kernel(env=config.kernel_env()):
-        for index, cell in enumerate(nb.cells):
-            if cell.cell_type != "code":
-                continue
+    if exercise is not None:
+        wanted = config.EXERCISE_PREFIX + exercise.removeprefix(config.EXERCISE_PREFIX)
+        exercises = [ex for ex in exercises if ex.name == wanted]
+        if not exercises:
+            names = ", ".join(ex.name.removeprefix(config.EXERCISE_PREFIX) for ex in notebook.exercises(nb))
+            raise ValueError(f"{path.name} has no exercise {exercise!r}; its exercises: {names}")
+        ex = exercises[0]
+        order = [*notebook.setup_cells(nb), ex.solution_cell, ex.test_cell]
+    else:
+        last = max((ex.test_cell for ex in exercises), default=-1)
+        order = [i for i, c in enumerate(nb.cells[: last + 1]) if c.cell_type == "code"]
+    graded = {i for ex in exercises for i in (ex.solution_cell, ex.test_cell)}
+    client = _client(nb, path, timeout)
+    stopped: dict[int, str] = {}
+    where: dict[int, dict] = {}
+    with tempfile.TemporaryFile("w+") as kernel_stderr, \
+            client.setup_kernel(env=config.kernel_env(), stderr=kernel_stderr):
+        for n, index in enumerate(order):
+            start = time.monotonic()
             try:
-                client.execute_cell(cell, index)
+                client.execute_cell(nb.cells[index], index)
             except (CellTimeoutError, CellExecutionError, TimeoutError):
-                stopped.add(index)
-            except DeadKernelError:  # the kernel died: the remaining cells cannot run
-                stopped.update(range(index, len(nb.cells)))
+                pass
+            except DeadKernelError:  # the remaining cells cannot run
+                kernel_stderr.seek(0)
+                last_words = kernel_stderr.read().strip().splitlines()[-1:] or ["no message"]
+                for later in order[n:]:
+                    stopped[later] = f"the kernel died ({last_words[0][:200]})"
                 break
+            if time.monotonic() - start >= client.timeout:  # interrupted (interrupt_on_timeout)
+                stopped[index] = f"the cell ran past the limit of {client.timeout} s per cell"
+            elif _error_of(nb.cells[index]) and index in graded:
+                where[index] = _where(client, index)
     results = []
     for ex in exercises:
-        sol_err = _error_of(nb.cells[ex.solution_cell])
-        test_err = _error_of(nb.cells[ex.test_cell])
-        if ex.solution_cell in stopped or ex.test_cell in stopped:
-            results.append(Result(ex.name, "FAIL", f"a cell ran over {client.timeout} s or the kernel died"))
+        sol, test = nb.cells[ex.solution_cell], nb.cells[ex.test_cell]
+        cells = {"your solution": sol.source, "the test": test.source}
+        sol_err, test_err = _error_of(sol), _error_of(test)
+        if ex.solution_cell in stopped:
+            results.append(Result(ex.name, "FAIL", f"your solution: {stopped[ex.solution_cell]}"))
+        elif ex.test_cell in stopped:
+            results.append(Result(ex.name, "FAIL", f"the test: {stopped[ex.test_cell]}"))
         elif "NotImplementedError" in (sol_err or ("",))[0] + (test_err or ("",))[0]:
             results.append(Result(ex.name, "TODO", "not answered yet"))
         elif sol_err:
-            results.append(Result(ex.name, "FAIL", f"solution cell: {sol_err[0]}: {sol_err[1]}"))
+            results.append(Result(ex.name, "FAIL", _failure(sol_err, where.get(ex.solution_cell, {}), cells)))
         elif test_err:
-            results.append(Result(ex.name, "FAIL", f"{test_err[0]}: {test_err[1]}".strip()))
+            results.append(Result(ex.name, "FAIL", _failure(test_err, where.get(ex.test_cell, {}), cells)))
         else:
             results.append(Result(ex.name, "PASS"))
     return results
 
 
+def written(path: Path) -> list[Result]:
+    """ANSWERED or TODO for each written question (graded by hand) of the notebook at ``path``."""
+    nb = notebook.read(path)
+    ids = set(notebook.written_questions(nb))
+    out = []
+    for cell in nb.cells:
+        gid = notebook.nbgrader_meta(cell).get("grade_id")
+        if gid in ids:
+            blank = ANSWER_PLACEHOLDER in cell.source or not cell.source.strip()
+            out.append(Result(gid, "TODO" if blank else "ANSWERED", "written, graded by hand"))
+    return out
+
+
+def report(results: list[Result]) -> str:
+    """One line per result, the detail's further lines indented under it."""
+    width = max((len(r.exercise) for r in results), default=0)
+    lines = []
+    for r in results:
+        first, *rest = r.detail.splitlines() or [""]
+        lines.append(f"{r.exercise:<{width}}  {r.status:<8}  {first}".rstrip())
+        lines += [" " * (width + 12) + more for more in rest]
+    return "\n".join(lines)
+
+
+def notebooks_to_check(target: str) -> list[Path]:
+    """A notebook, every notebook under a folder, or ``all`` (every chapter's student notebook)."""
+    if target == "all":
+        return [config.student_path(c) for c in config.chapters()]
+    path = Path(target)
+    if path.is_dir():
+        found = sorted(p for p in path.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+        if not found:
+            raise ValueError(f"no notebooks under {target}")
+        return found
+    if path.is_file():
+        return [path]
+    raise ValueError(f"no such notebook or folder: {target}")
+
+
+USAGE = """Say which notebook to check, for example:
+
+  make check NB=notebooks/02_attention/02_attention.ipynb
+  make check NB=notebooks/02_attention/02_attention.ipynb EX=causal_mask   (one exercise, in seconds)
+  make check NB=all                                                         (every chapter)
+
+or directly: python -m course_lib.grading.check NOTEBOOK|FOLDER|all [--exercise NAME]"""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("notebook", type=Path)
+    parser.add_argument("target", nargs="?", help="a notebook, a folder of notebooks, or 'all'")
+    parser.add_argument("--exercise", help="check this exercise alone (name with or without 'ex_')")
+    parser.add_argument("--timeout", type=int, default=None, help="seconds per cell (default: the book's)")
     args = parser.parse_args(argv)
-    if not args.notebook.is_file():
-        parser.error(f"no such notebook: {args.notebook}")
-    results = check(args.notebook)
-    width = max((len(r.exercise) for r in results), default=0)
-    for r in results:
-        print(f"{r.exercise:<{width}}  {r.status}" + (f"  {r.detail}" if r.detail else ""))
-    passed = sum(r.status == "PASS" for r in results)
-    print(f"Self-check: {passed} of {len(results)} exercises pass.")
-    return 0 if passed == len(results) else 1
+    if not args.target:
+        print(USAGE)
+        return 2
+    try:
+        paths = notebooks_to_check(args.target)
+        if args.exercise and len(paths) != 1:
+            raise ValueError("--exercise needs one notebook, not a folder or 'all'")
+        ok = True
+        for path in paths:
+            results = check(path, args.timeout, args.exercise)
+            questions = [] if args.exercise else written(path)
+            if len(paths) > 1:
+                print(f"\n{path}")
+            print(report(results + questions))
+            passed = sum(r.status == "PASS" for r in results)
+            todo = sum(r.status == "TODO" for r in questions)
+            line = f"Self-check: {passed} of {len(results)} exercises pass"
+            if questions:
+                line += (f"; {todo} of {len(questions)} written questions still TODO" if todo
+                         else f"; all {len(questions)} written questions answered")
+            print(line + ".")
+            ok &= passed == len(results) and not todo
+    except ValueError as e:
+        print(f"self-check: {e}", file=sys.stderr)
+        return 2
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

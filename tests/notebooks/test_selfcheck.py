@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import nbformat
 import pytest
@@ -74,3 +75,111 @@ def test_each_exercise_runs_alone_on_the_setup_cells(chapter):
         client = NotebookClient(alone, timeout=config.cell_timeout(), kernel_name="python3",
                                 resources={"metadata": {"path": str(config.solution_path(chapter).parent)}})
         client.execute()  # raises CellExecutionError naming the cell if the exercise is not independent
+
+
+# The self-check's report, on small notebooks made here: cell 0 is the set-up cell, then one
+# exercise "double" (a solution cell and its test cell) per (solution, test) pair.
+
+def _exercise_cells(name: str, solution: str, test: str) -> list:
+    sol = nbformat.v4.new_code_cell(solution)
+    sol.metadata["nbgrader"] = {"grade_id": f"ex_{name}", "solution": True, "grade": False, "locked": False,
+                                "schema_version": 3}
+    tst = nbformat.v4.new_code_cell(test)
+    tst.metadata["nbgrader"] = {"grade_id": f"ex_{name}_test", "solution": False, "grade": True,
+                                "locked": True, "points": 1, "schema_version": 3}
+    return [sol, tst]
+
+
+def _notebook(path, *exercises, written: str | None = None, after: str | None = None):
+    cells = [nbformat.v4.new_code_cell("import pathlib, time")]
+    for name, solution, test in exercises:
+        cells += _exercise_cells(name, solution, test)
+    if written is not None:
+        cell = nbformat.v4.new_markdown_cell(written)
+        cell.metadata["nbgrader"] = {"grade_id": "ex_why", "solution": True, "grade": True, "locked": False,
+                                     "points": 1, "schema_version": 3}
+        cells.append(cell)
+    if after is not None:
+        cells.append(nbformat.v4.new_code_cell(after))
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return write(nb, path)
+
+
+DOUBLE_TEST = "x = 4\nassert double(x) == 8\nassert double(0) == 0"
+DOUBLE = ("double", "def double(x):\n    return 2 * x", DOUBLE_TEST)  # a right answer
+
+
+def test_a_bare_assert_fails_with_its_line_and_the_values_it_compared(tmp_path):
+    path = _notebook(tmp_path / "nb.ipynb", ("double", "def double(x):\n    return x * 3", DOUBLE_TEST))
+    [result] = check.check(path)
+    assert result.status == "FAIL"
+    assert result.detail.splitlines() == ["AssertionError", "the test, line 2: assert double(x) == 8",
+                                          "  double(x) = 12"]
+
+
+def test_an_error_inside_the_solution_names_the_solution_s_line(tmp_path):
+    solution = "def double(x):\n    y = x\n    return y.twice()"
+    path = _notebook(tmp_path / "nb.ipynb", ("double", solution, DOUBLE_TEST))
+    [result] = check.check(path)
+    assert result.status == "FAIL"
+    assert result.detail.splitlines() == ["AttributeError: 'int' object has no attribute 'twice'",
+                                          "your solution, line 3: return y.twice()"]
+
+
+def test_a_cell_past_the_limit_fails_by_name_and_the_next_exercise_still_runs(tmp_path):
+    slow = ("slow", "def slow():\n    return 1\ntime.sleep(60)", "assert slow() == 1")
+    path = _notebook(tmp_path / "nb.ipynb", slow, DOUBLE)
+    start = time.monotonic()
+    results = check.check(path, timeout=3)
+    assert time.monotonic() - start < 40  # interrupted after 3 s, not left to sleep for 60
+    assert [(r.exercise, r.status) for r in results] == [("ex_slow", "FAIL"), ("ex_double", "PASS")]
+    assert results[0].detail == "your solution: the cell ran past the limit of 3 s per cell"
+
+
+def test_cells_after_the_last_graded_cell_do_not_run(tmp_path):
+    marker = tmp_path / "ran"
+    path = _notebook(tmp_path / "nb.ipynb", DOUBLE,
+                     after=f"pathlib.Path({str(marker)!r}).write_text('ran')")
+    assert [r.status for r in check.check(path)] == ["PASS"]
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("answer, status, code", [("YOUR ANSWER HERE", "TODO", 1), ("", "TODO", 1),
+                                                  ("Because the variance grows with d.", "ANSWERED", 0)])
+def test_written_questions_are_todo_until_answered_and_count_in_the_exit_code(tmp_path, answer, status, code):
+    path = _notebook(tmp_path / "nb.ipynb", DOUBLE,
+                     written=answer)
+    assert [(r.exercise, r.status) for r in check.written(path)] == [("ex_why", status)]
+    proc = subprocess.run([sys.executable, "-m", "course_lib.grading.check", str(path)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("Self-check: 1 of 1 exercises pass")
+    assert ("written questions still TODO" in last) == (status == "TODO")
+    assert proc.stderr == ""  # no kernel warnings, no tracebacks from the runner
+
+
+def test_the_cli_explains_itself_without_a_notebook_and_checks_a_folder(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "course_lib.grading.check"], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert proc.returncode == 2 and "make check NB=" in proc.stdout and "--exercise" in proc.stdout
+    for name in ("a", "b"):
+        _notebook(tmp_path / name / f"{name}.ipynb", DOUBLE)
+    proc = subprocess.run([sys.executable, "-m", "course_lib.grading.check", str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("Self-check: 1 of 1 exercises pass") == 2
+    assert str(tmp_path / "a" / "a.ipynb") in proc.stdout and str(tmp_path / "b" / "b.ipynb") in proc.stdout
+
+
+def test_one_exercise_alone_runs_on_the_setup_cells(tmp_path):
+    chapter = "02_attention"
+    wrong = next(m for m in mutants(chapter) if m["grade_id"] == "ex_causal_mask" and "float" in m["why"])
+    path = write(answered(chapter, mutant=wrong), tmp_path / chapter / f"{chapter}.ipynb")
+    [result] = check.check(path, exercise="causal_mask")
+    assert result.exercise == "ex_causal_mask" and result.status == "FAIL"
+    assert "dtype torch.bool" in result.detail and "the test, line" in result.detail
+    assert [r.status for r in check.check(path, exercise="ex_rope")] == ["PASS"]
+    with pytest.raises(ValueError, match="no exercise 'causal'.*causal_mask"):
+        check.check(path, exercise="causal")
