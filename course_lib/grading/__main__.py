@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from . import book, collect, config, grade, release
@@ -47,8 +48,13 @@ def main(argv: list[str] | None = None) -> int:
         for chapter in config.resolve_chapters(args.chapter):
             print(f"Released {release.release(chapter).relative_to(config.root())}")
     elif args.command == "book":
-        html = book.build()
+        html, failures = book.build()
         print(f"Book written to {html}/index.html")
+        if failures:
+            print(f"{len(failures)} chapter(s) failed to run, built without outputs:", file=sys.stderr)
+            for fail in failures:
+                print(f"  {fail.line()}", file=sys.stderr)
+            return 1
     elif args.command == "collect":
         (chapter,) = config.resolve_chapters(args.chapter)
         report = collect.collect(chapter, args.source, args.grading_dir, args.pattern)

@@ -7,6 +7,13 @@ result is staged under ``_build/stage/notebooks/NN_name/`` beside the prose page
 Book builds the stage with execution off and without copying sources. Seconds per notebook,
 those of its slowest cell and figures without axis labels go to ``_build/timings.json``; a
 notebook over twice its budget fails the build.
+
+A chapter that fails to execute does not stop the build: its page is built from the notebook
+unexecuted (answers stripped all the same) under a warning, the other chapters are built as
+usual, and the build then fails with one line per broken chapter: the chapter, the exercise or
+cell, and the error's last line. Nothing else of the failure is printed (nbclient's error would
+show the failing cell, hidden tests included), and a message that quotes hidden test or solution
+code is withheld.
 """
 
 from __future__ import annotations
@@ -17,17 +24,38 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 import nbformat
 import yaml
 from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 from nbgrader.preprocessors import ClearHiddenTests, ClearSolutions
 
 from . import config, figures, notebook
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+WITHHELD = "(message withheld: it quotes hidden test or solution code)"
+
+
+class NotebookFailed(Exception):
+    """A notebook stopped at cell ``index`` (of the notebook as read) with ``error``, one line."""
+
+    def __init__(self, index: int, error: str):
+        super().__init__(f"cell {index}: {error}")
+        self.index, self.error = index, error
+
+
+@dataclass(frozen=True)
+class ChapterFailure:
+    chapter: str
+    where: str  # "exercise ex_name (its test cell)" or "cell 12"
+    error: str
+
+    def line(self) -> str:
+        return f"{self.chapter}: {self.where}: {self.error}"
 
 
 def execute(path: Path, timeout: int | None = None,
@@ -38,14 +66,29 @@ def execute(path: Path, timeout: int | None = None,
     nb = notebook.read(path)
     nb.cells.insert(0, nbformat.v4.new_code_cell(figures.WATCH_CELL))
     nb.cells.append(nbformat.v4.new_code_cell(figures.REPORT_CELL))
+    running = [0]  # the index of the cell being run, for the error
+
+    def on_cell_start(cell, cell_index):
+        running[0] = cell_index
+
     client = NotebookClient(
         nb,
         timeout=timeout or config.cell_timeout(),
         kernel_name="python3",
         resources={"metadata": {"path": str(folder or path.parent)}},
+        on_cell_start=on_cell_start,
     )
     start = time.perf_counter()
-    client.execute(env=config.kernel_env())
+    try:
+        client.execute(env=config.kernel_env())
+    except CellTimeoutError:
+        raise NotebookFailed(running[0] - 1, f"ran past the limit of {client.timeout} s per cell") from None
+    except DeadKernelError:
+        raise NotebookFailed(running[0] - 1, "the kernel died") from None
+    except CellExecutionError as e:  # its text shows the cell: keep the error name and message
+        message = (e.evalue or "").strip().splitlines()
+        error = f"{e.ename}: {message[-1] if message else ''}".rstrip(": ")[:300]
+        raise NotebookFailed(running[0] - 1, error) from None
     seconds = time.perf_counter() - start
     nb.cells.pop(0)
     found = figures.read_report(nb.cells.pop())
@@ -113,9 +156,52 @@ def mathjax_dir() -> Path:
     return es5
 
 
-def stage(out: Path, chapters: list[str]) -> dict[str, dict]:
+def _secrets(nb: nbformat.NotebookNode) -> set[str]:
+    """Lines of hidden tests and of solutions (between the solution markers) that a student's copy
+    never shows, long enough to say something (>= 10 characters)."""
+    hidden, shown = set(), set()
+    for cell in nb.cells:
+        meta = notebook.nbgrader_meta(cell)
+        lines = cell.source.splitlines()
+        if meta.get("grade") and not meta.get("solution"):  # a test cell: its hidden blocks
+            public = notebook.hide_blocks(cell.source).splitlines()
+            hidden |= {line.strip() for line in lines if line not in public}
+            shown |= {line.strip() for line in public}
+        elif meta.get("solution"):
+            inside = False
+            for line in lines:
+                inside = (inside or "BEGIN SOLUTION" in line) and "END SOLUTION" not in line
+                (hidden if inside else shown).add(line.strip())
+        else:
+            shown |= {line.strip() for line in lines}
+    public = "\n".join(shown)  # a hidden line that a shown one contains gives nothing away
+    return {line for line in hidden - shown if len(line) >= 10 and line not in public}
+
+
+def failure(chapter: str, nb: nbformat.NotebookNode, error: NotebookFailed) -> ChapterFailure:
+    """Where ``chapter``'s notebook ``nb`` failed, in words, with the error unless it quotes a secret."""
+    where = f"cell {error.index}"
+    for ex in notebook.exercises(nb):
+        if error.index == ex.solution_cell:
+            where = f"exercise {ex.name} (its solution cell)"
+        elif error.index == ex.test_cell:
+            where = f"exercise {ex.name} (its test cell)"
+    leaks = any(secret in error.error for secret in _secrets(nb))
+    return ChapterFailure(chapter, where, WITHHELD if leaks else error.error)
+
+
+def failed_page(nb: nbformat.NotebookNode, fail: ChapterFailure) -> nbformat.NotebookNode:
+    """The unexecuted notebook under a warning, so that the book keeps its page."""
+    warning = nbformat.v4.new_markdown_cell(
+        f"```{{warning}}\nThis chapter failed to run when the book was built ({fail.where}: "
+        f"{fail.error}), so its outputs and figures are missing.\n```")
+    nb.cells.insert(2, warning)  # after the install cell and the title
+    return nb
+
+
+def stage(out: Path, chapters: list[str]) -> tuple[dict[str, dict], list[ChapterFailure]]:
     """Write the book's sources, with executed and stripped notebooks, under ``out/stage``;
-    returns each chapter's seconds and its slowest cell's."""
+    returns each chapter's seconds and its slowest cell's, and the chapters that failed to run."""
     root = config.root()
     stage_dir = out / "stage"
     shutil.rmtree(stage_dir, ignore_errors=True)
@@ -130,11 +216,16 @@ def stage(out: Path, chapters: list[str]) -> dict[str, dict]:
     (stage_dir / "_config.yml").write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
     shutil.copytree(mathjax_dir(), stage_dir / "_extra" / "mathjax")
 
-    timings = {}
+    timings, failures = {}, []
     for chapter in chapters:
         src = config.solution_path(chapter)
         print(f"Executing {src.relative_to(root)} ...", flush=True)
-        nb, seconds, figure_problems = execute(src)
+        try:
+            nb, seconds, figure_problems = execute(src)
+        except NotebookFailed as e:
+            failures.append(failure(chapter, notebook.read(src), e))
+            print(f"  FAILED: {failures[-1].where}: {failures[-1].error}", flush=True)
+            nb, seconds, figure_problems = failed_page(notebook.read(src), failures[-1]), 0.0, []
         cell_s, index = slowest_cell(nb)
         timings[chapter] = {"seconds": round(seconds, 1), "slowest_cell": index,
                             "slowest_cell_seconds": round(cell_s, 1), "figure_problems": figure_problems}
@@ -146,14 +237,15 @@ def stage(out: Path, chapters: list[str]) -> dict[str, dict]:
         download = stage_dir / "_extra" / "notebooks" / chapter
         download.mkdir(parents=True)
         shutil.copy2(config.student_path(chapter), download / f"{chapter}.ipynb")
-    return timings
+    return timings, failures
 
 
-def build(chapters: list[str] | None = None) -> Path:
-    """Stage and build the book; returns the HTML folder (``_build/html``)."""
+def build(chapters: list[str] | None = None) -> tuple[Path, list[ChapterFailure]]:
+    """Stage and build the book; returns the HTML folder (``_build/html``) and the chapters that
+    failed to run (built without outputs)."""
     out = config.root() / "_build"
     chapters = config.chapters() if chapters is None else chapters
-    timings = stage(out, chapters)
+    timings, failures = stage(out, chapters)
     (out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
     over = {c: t["seconds"] for c, t in timings.items() if t["seconds"] > 2 * config.NOTEBOOK_BUDGET_S}
     if over:
@@ -164,4 +256,4 @@ def build(chapters: list[str] | None = None) -> Path:
         "--path-output", str(out.parent), "-W", "-n", "--keep-going",
     ]
     subprocess.run(cmd, check=True)  # jupyter-book writes <path-output>/_build/html
-    return out / "html"
+    return out / "html", failures

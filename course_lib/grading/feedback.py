@@ -38,10 +38,9 @@ from nbformat.v4 import new_output
 from nbgrader.preprocessors import NbGraderPreprocessor
 
 from . import config
+from .notebook import HIDDEN_BEGIN, HIDDEN_END, HIDDEN_PLACEHOLDER, hide_blocks  # noqa: F401
 
 SAFE_MIMETYPES = ("text/plain", "image/png", "image/jpeg")
-HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"  # nbgrader's delimiters
-HIDDEN_PLACEHOLDER = "# (hidden tests)"
 MIN_SECRET_CHARS = 10  # shorter lines (``)``, ``else:``) say nothing and would match anything
 REDACTED = "[output removed by the grader: it showed hidden test code]"
 
@@ -159,24 +158,6 @@ class SanitizeOutputs(NbGraderPreprocessor):
 
 
 # --- HideTests -------------------------------------------------------------------------------
-
-
-def hide_blocks(source: str) -> str:
-    """Each hidden block (markers included) becomes one placeholder line, indented like it.
-
-    ``'a\\n### BEGIN HIDDEN TESTS\\nb\\n### END HIDDEN TESTS\\nc'`` -> ``'a\\n# (hidden tests)\\nc'``;
-    a block without its end runs to the end of the cell.
-    """
-    out, hiding = [], False
-    for line in source.splitlines():
-        if hiding:
-            hiding = HIDDEN_END not in line
-        elif HIDDEN_BEGIN in line:
-            out.append(line[: len(line) - len(line.lstrip())] + HIDDEN_PLACEHOLDER)
-            hiding = True
-        else:
-            out.append(line)
-    return "\n".join(out)
 
 
 def _split_lines(source: str) -> tuple[list[str], list[str]]:

@@ -22,6 +22,11 @@ The **matrix** stands in for other machines on this one: 1 and 2 threads, each o
 torch and MKL pick here and on the portable ones they can be forced to (``ATEN_CPU_CAPABILITY=
 default``, ``MKL_CBWR=COMPATIBLE``, ``ONEDNN_MAX_CPU_ISA=SSE41``). Every verdict must agree.
 
+The **visible tests** alone (the test cells as students get them, hidden blocks removed) are
+also run on every answer, in one setting: the share of mutants they catch says how far a PASS in
+the students' self-check predicts the grade (target: at least 75% per chapter), and a correct
+answer they reject is a false reject too.
+
     python -m course_lib.grading.mutants 01_tokenization      # one chapter, this machine as it is
     python -m course_lib.grading.mutants all --matrix         # every chapter under the matrix
 """
@@ -42,6 +47,7 @@ from pathlib import Path
 from . import config, notebook
 
 KILL_RATE_TARGET = 0.9
+VISIBLE_CATCH_TARGET = 0.75  # share of mutants the visible tests alone should catch (the self-check)
 MIN_PER_EXERCISE = 10  # plausible wrong answers per exercise
 MIN_ACCEPTED_PER_EXERCISE = 4  # correct answers written differently, per exercise
 SOLUTION_BEGIN, SOLUTION_END = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -64,6 +70,7 @@ class Verdict:
     why: str
     failed: bool  # the tests raised: right for a mutant, a false reject otherwise
     detail: str
+    visible_failed: bool | None = None  # the visible tests alone raised (None: not run)
 
     @property
     def right(self) -> bool:
@@ -132,8 +139,9 @@ def _reseed(seed: int) -> None:
     np.random.seed(seed)
 
 
-def grade_in_process(chapter: str, seed: int = 0) -> list[Verdict]:
-    """Grade the references and both catalogues of ``chapter`` in this process (the worker's body)."""
+def grade_in_process(chapter: str, seed: int = 0, visible: bool = False) -> list[Verdict]:
+    """Grade the references and both catalogues of ``chapter`` in this process (the worker's body);
+    with ``visible``, also grade each answer by the visible tests alone."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -155,15 +163,20 @@ def grade_in_process(chapter: str, seed: int = 0) -> list[Verdict]:
             raise ValueError(f"{kind} entry for unknown exercise {entry['grade_id']!r} in {chapter}")
         solution = nb.cells[ex.solution_cell].source
         code = solution if kind == "reference" else apply(entry, solution)
+        tests = nb.cells[ex.test_cell].source
         _reseed(1000 * seed + index)
-        error = _run(code + "\n" + nb.cells[ex.test_cell].source, dict(base), timeout)
-        verdicts.append(Verdict(kind, ex.name, entry["why"], bool(error), error))
+        error = _run(code + "\n" + tests, dict(base), timeout)
+        seen = None
+        if visible:
+            _reseed(1000 * seed + index)
+            seen = bool(_run(code + "\n" + notebook.hide_blocks(tests), dict(base), timeout))
+        verdicts.append(Verdict(kind, ex.name, entry["why"], bool(error), error, seen))
     return verdicts
 
 
-def grade(chapter: str, setting: str | None = None) -> list[Verdict]:
+def grade(chapter: str, setting: str | None = None, visible: bool = False) -> list[Verdict]:
     """Grade ``chapter`` in a fresh worker process, under one setting of ``MATRIX`` (default: as is)."""
-    cmd = [sys.executable, "-m", "course_lib.grading.mutants", chapter, "--json"]
+    cmd = [sys.executable, "-m", "course_lib.grading.mutants", chapter, "--json"] + ["--visible"] * visible
     env = dict(os.environ)
     if setting is not None:
         threads, extra = MATRIX[setting]
@@ -177,10 +190,13 @@ def grade(chapter: str, setting: str | None = None) -> list[Verdict]:
     return [Verdict(**v) for v in json.loads(proc.stdout.strip().splitlines()[-1])]
 
 
-def grade_matrix(chapter: str, jobs: int = 2) -> dict[str, list[Verdict]]:
-    """Grade ``chapter`` under every setting of ``MATRIX``, ``jobs`` workers at a time."""
+def grade_matrix(chapter: str, jobs: int = 2, visible: bool = False) -> dict[str, list[Verdict]]:
+    """Grade ``chapter`` under every setting of ``MATRIX``, ``jobs`` workers at a time (with
+    ``visible``, the visible tests run in the first setting)."""
+    first = next(iter(MATRIX))
     with ThreadPoolExecutor(jobs) as pool:
-        return dict(zip(MATRIX, pool.map(lambda s: grade(chapter, s), MATRIX), strict=True))
+        runs = pool.map(lambda s: grade(chapter, s, visible and s == first), MATRIX)
+        return dict(zip(MATRIX, runs, strict=True))
 
 
 def disagreements(runs: dict[str, list[Verdict]]) -> list[str]:
@@ -201,6 +217,7 @@ class Summary:
     false_rejects: list[str]
     mutants: int
     survivors: list[str]
+    visible_catch: float | None = None  # share of mutants the visible tests alone fail
 
     @property
     def kill_rate(self) -> float:
@@ -213,21 +230,29 @@ class Summary:
     def line(self) -> str:
         return (f"{self.chapter:<18} correct answers {self.accepted_cases:4d}, false rejects "
                 f"{len(self.false_rejects):2d} ({len(self.false_rejects) / max(self.accepted_cases, 1):.0%}); "
-                f"mutants {self.mutants:4d}, kill rate {self.kill_rate:5.1%}")
+                f"mutants {self.mutants:4d}, kill rate {self.kill_rate:5.1%}"
+                + ("" if self.visible_catch is None else f", visible tests catch {self.visible_catch:5.1%}"))
 
 
 def summarize(chapter: str, runs: dict[str, list[Verdict]]) -> Summary:
     """Counts over every run: a correct answer failed in any setting is a false reject, and a
     mutant that survived in any setting is a survivor."""
-    correct, wrong = [], []
+    correct, wrong, caught = [], [], []
     for row in zip(*runs.values(), strict=True):
         first = row[0]
         failure = next((v for v in row if v.failed), None)
+        seen = [v.visible_failed for v in row if v.visible_failed is not None]
         if first.kind == "mutant":
             wrong.append(None if all(v.failed for v in row) else f"{first.grade_id}: {first.why}")
+            caught += [any(seen)] if seen else []
+        elif failure:
+            correct.append(f"{first.kind} {first.grade_id} ({first.why}): {failure.detail}")
+        elif any(seen):
+            correct.append(f"{first.kind} {first.grade_id} ({first.why}): rejected by the visible tests")
         else:
-            correct.append(failure and f"{first.kind} {first.grade_id} ({first.why}): {failure.detail}")
-    return Summary(chapter, len(correct), [c for c in correct if c], len(wrong), [w for w in wrong if w])
+            correct.append(None)
+    catch = sum(caught) / len(caught) if caught else None
+    return Summary(chapter, len(correct), [c for c in correct if c], len(wrong), [w for w in wrong if w], catch)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("chapter", help="a chapter (01_tokenization or 01) or 'all'")
     parser.add_argument("--matrix", action="store_true", help="run under every setting of the matrix")
     parser.add_argument("--json", action="store_true", help="(worker) print the verdicts as JSON")
+    parser.add_argument("--visible", action="store_true", help="(worker) also grade by the visible tests")
     parser.add_argument("--threads", type=int, default=None, help="(worker) torch threads")
     parser.add_argument("--seed", type=int, default=0, help="(worker) global seed of this run")
     args = parser.parse_args(argv)
@@ -243,11 +269,11 @@ def main(argv: list[str] | None = None) -> int:
             import torch
 
             torch.set_num_threads(args.threads)
-        print(json.dumps([asdict(v) for v in grade_in_process(args.chapter, args.seed)]))
+        print(json.dumps([asdict(v) for v in grade_in_process(args.chapter, args.seed, args.visible)]))
         return 0
     failed = False
     for chapter in config.resolve_chapters(args.chapter):
-        runs = grade_matrix(chapter) if args.matrix else {"as is": grade(chapter)}
+        runs = grade_matrix(chapter, visible=True) if args.matrix else {"as is": grade(chapter, visible=True)}
         summary = summarize(chapter, runs)
         split = disagreements(runs)
         for problem in summary.false_rejects:
@@ -258,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  DIFFERS      {problem}")
         print(summary.line() + (f"; {len(runs)} settings agree" if len(runs) > 1 and not split else ""), flush=True)
         failed |= not summary.ok or bool(split)
-    print(f"Targets: no false reject, kill rate at least {KILL_RATE_TARGET:.0%}"
+    print(f"Targets: no false reject, kill rate at least {KILL_RATE_TARGET:.0%}, visible tests catch at "
+          f"least {VISIBLE_CATCH_TARGET:.0%} (advice, not enforced)"
           + (", the same verdicts in every setting." if args.matrix else "."))
     return 1 if failed else 0
 

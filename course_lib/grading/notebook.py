@@ -17,6 +17,9 @@ import nbformat
 
 from . import config
 
+HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"  # nbgrader's delimiters
+HIDDEN_PLACEHOLDER = "# (hidden tests)"
+
 
 @dataclass(frozen=True)
 class Exercise:
@@ -64,6 +67,24 @@ def written_questions(nb) -> list[str]:
         for c in nb.cells
         if c.cell_type == "markdown" and nbgrader_meta(c).get("solution") and nbgrader_meta(c).get("grade")
     ]
+
+
+def hide_blocks(source: str) -> str:
+    """Each hidden block (markers included) becomes one placeholder line, indented like it.
+
+    ``'a\\n### BEGIN HIDDEN TESTS\\nb\\n### END HIDDEN TESTS\\nc'`` -> ``'a\\n# (hidden tests)\\nc'``;
+    a block without its end runs to the end of the cell.
+    """
+    out, hiding = [], False
+    for line in source.splitlines():
+        if hiding:
+            hiding = HIDDEN_END not in line
+        elif HIDDEN_BEGIN in line:
+            out.append(line[: len(line) - len(line.lstrip())] + HIDDEN_PLACEHOLDER)
+            hiding = True
+        else:
+            out.append(line)
+    return "\n".join(out)
 
 
 def install_cell_source() -> str:

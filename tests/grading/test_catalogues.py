@@ -13,10 +13,9 @@ from course_lib.grading import config, mutants, notebook
 from tests.conftest import CHAPTERS
 
 
-
 @functools.cache
 def matrix_runs(chapter: str) -> dict[str, list[mutants.Verdict]]:
-    return mutants.grade_matrix(chapter)
+    return mutants.grade_matrix(chapter, visible=True)  # the visible tests alone run in the first setting
 
 
 def _solutions(chapter: str) -> dict[str, str]:
@@ -54,6 +53,15 @@ def test_kill_rate_at_least_90_percent_in_every_setting(chapter):
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
+def test_the_visible_tests_alone_catch_at_least_75_percent_of_the_mutants(chapter):
+    """So that a PASS in the students' self-check predicts a pass from the grader (its false
+    rejects, correct answers that the visible tests reject, count in the test above)."""
+    summary = mutants.summarize(chapter, matrix_runs(chapter))
+    catch = summary.visible_catch
+    assert catch is not None and catch >= mutants.VISIBLE_CATCH_TARGET, f"visible tests catch {catch:.0%}"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
 def test_every_verdict_is_the_same_in_every_setting(chapter):
     split = mutants.disagreements(matrix_runs(chapter))
     assert not split, "\n".join(split)
@@ -88,6 +96,20 @@ def test_summary_counts_a_failure_in_any_setting():
     assert len(summary.false_rejects) == 1 and len(summary.survivors) == 1 and summary.mutants == 2
     assert not summary.ok
     assert len(mutants.disagreements(runs)) == 2
+
+
+def test_summary_counts_what_the_visible_tests_catch_and_what_they_wrongly_reject():
+    def verdict(kind, failed, seen):
+        return mutants.Verdict(kind, "ex_a", "w", failed, "", seen)
+
+    mutant_seen = [True, False, False, True]  # by the visible tests alone; all fail the full tests
+    runs = {"one": [verdict("acceptance", False, True)] + [verdict("mutant", True, s) for s in mutant_seen],
+            "two": [verdict("acceptance", False, None)] + [verdict("mutant", True, None)] * 4}
+    summary = mutants.summarize("00_x", runs)
+    assert summary.visible_catch == 0.5 and summary.kill_rate == 1.0
+    assert summary.false_rejects == ["acceptance ex_a (w): rejected by the visible tests"]
+    assert "visible tests catch 50.0%" in summary.line()
+    assert mutants.summarize("00_x", {"two": runs["two"]}).visible_catch is None
 
 
 @pytest.mark.gpu
