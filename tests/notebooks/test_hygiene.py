@@ -139,6 +139,17 @@ def test_notebooks_leave_the_device_to_course_lib(chapter):
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
+def test_training_cells_show_their_progress(chapter):
+    """Training takes seconds on a quiet laptop and minutes on a busy one: course_lib's loops show
+    a progress bar (a widget in JupyterLab; the book build drops it), and no chapter turns it off."""
+    nb = notebook.read(config.solution_path(chapter))
+    training = re.compile(r"\b(train\.train|rlhf\.\w+)\(")  # the loops that take seconds to minutes
+    silenced = [cell.source.splitlines()[0] for cell in nb.cells if cell.cell_type == "code"
+                and training.search(cell.source) and re.search(r"progress\s*=\s*False", cell.source)]
+    assert not silenced, f"cells that hide their progress bar: {silenced}"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
 def test_notebooks_import_course_lib_modules_not_names(chapter):
     nb = notebook.read(config.solution_path(chapter))
     for cell in nb.cells:
