@@ -87,8 +87,10 @@ nbval: $(STAMP)
 	$(if $(NB),,$(error say which notebook: make nbval NB=notebooks/01_tokenization/01_tokenization.ipynb))
 	$(BIN)/pytest -p no:cacheprovider --nbval-lax $(NB)
 
+# The students' Lab: nbgrader's instructor panels (formgrader, create assignment, course list)
+# are switched off by the page config in course_lib/grading/student_lab (make formgrader keeps them).
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/ $(AS_ROOT) $(LAB_ARGS)
+	JUPYTER_CONFIG_PATH=$(CURDIR)/course_lib/grading/student_lab $(BIN)/jupyter lab notebooks/ $(AS_ROOT) $(LAB_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_bpe.py

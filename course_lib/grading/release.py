@@ -3,7 +3,8 @@
 The solution notebook is the only source of a chapter. Releasing first makes its cell 0 the
 install cell of ``notebook.install_cell_source`` (so the repository URL lives in ``_config.yml``
 alone), then runs nbgrader's ``generate_assignment``, which strips solutions and hidden tests,
-clears outputs and records checksums for autograding.
+clears outputs and records checksums for autograding; last, the MyST markup of the ordinary
+markdown cells becomes plain Markdown (:mod:`.markup`), which JupyterLab and Colab render.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import config, nbgrader_cli, notebook
+from . import config, markup, nbgrader_cli, notebook
 
 
 def sync_install_cell(chapter: str) -> bool:
@@ -41,7 +42,9 @@ def generate(chapter: str, release_dir: Path, grading_dir: Path | None = None) -
         "generate_assignment", chapter, "--force", "--create",
         grading_dir=grading_dir, release_dir=release_dir,
     )
-    return Path(release_dir) / chapter / f"{chapter}.ipynb"
+    path = Path(release_dir) / chapter / f"{chapter}.ipynb"
+    markup.plain_notebook(path)  # MyST that JupyterLab and Colab would show raw
+    return path
 
 
 def release(chapter: str) -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -79,3 +80,16 @@ def test_make_lab_serves_jupyterlab_on_every_student_notebook(lab):
         assert opened["type"] == "notebook", chapter
         served = [cell["source"] for cell in opened["content"]["cells"]]
         assert served == [cell.source for cell in notebook.read(config.student_path(chapter)).cells], chapter
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform == "win32", reason="make and process groups: a POSIX test")
+def test_make_lab_hides_the_instructor_panels_of_nbgrader(lab):
+    _, page = _get(f"{lab}/lab")
+    found = re.search(rb'<script id="jupyter-config-data" type="application/json">(.*?)</script>', page, re.S)
+    assert found, "no page config in JupyterLab's page"
+    page_config = json.loads(found.group(1))
+    disabled = page_config["disabledExtensions"]  # a list, or a dict of names to true
+    assert "@jupyter/nbgrader" in disabled and disabled != {"@jupyter/nbgrader": False}
+    loaded = {ext["name"] for ext in page_config["federated_extensions"]}
+    assert "@jupyter/nbgrader" in loaded  # installed (make formgrader uses it), switched off for students
