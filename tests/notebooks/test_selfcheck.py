@@ -41,11 +41,21 @@ def test_cli_names_each_exercise_and_exits_nonzero_on_failure(tmp_path):
     assert proc.returncode == 1
     for ex in notebook.exercises(notebook.read(config.student_path(chapter))):
         assert f"{ex.name}" in proc.stdout and "TODO" in proc.stdout
-    path = write(answered(chapter), tmp_path / chapter / f"{chapter}.ipynb")
+    nb = answered(chapter)
+    written = set(notebook.written_questions(nb))
+    assert written  # chapter 01 has one: unanswered, the exit code is still 1
+    path = write(nb, tmp_path / chapter / f"{chapter}.ipynb")
+    proc = subprocess.run([sys.executable, "-m", "course_lib.grading.check", str(path)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 1 and "written questions still TODO" in proc.stdout, proc.stdout + proc.stderr
+    for cell in nb.cells:
+        if notebook.nbgrader_meta(cell).get("grade_id") in written:
+            cell.source = "Bytes: every text is a sequence of the 256 byte values."
+    path = write(nb, tmp_path / chapter / f"{chapter}.ipynb")
     proc = subprocess.run([sys.executable, "-m", "course_lib.grading.check", str(path)],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "PASS" in proc.stdout
+    assert "PASS" in proc.stdout and "ANSWERED" in proc.stdout
 
 
 def test_nbval_lax_runs_a_notebook():
