@@ -223,9 +223,10 @@ def stage(out: Path, chapters: list[str]) -> tuple[dict[str, dict], list[Chapter
         try:
             nb, seconds, figure_problems = execute(src)
         except NotebookFailed as e:
-            failures.append(failure(chapter, notebook.read(src), e))
+            unexecuted = notebook.read(src)
+            failures.append(failure(chapter, unexecuted, e))
             print(f"  FAILED: {failures[-1].where}: {failures[-1].error}", flush=True)
-            nb, seconds, figure_problems = failed_page(notebook.read(src), failures[-1]), 0.0, []
+            nb, seconds, figure_problems = failed_page(unexecuted, failures[-1]), 0.0, []
         cell_s, index = slowest_cell(nb)
         timings[chapter] = {"seconds": round(seconds, 1), "slowest_cell": index,
                             "slowest_cell_seconds": round(cell_s, 1), "figure_problems": figure_problems}
