@@ -35,8 +35,9 @@ The kernel is :mod:`course_lib.grading.guard`'s, which restores the interpreter'
 libraries' functions before each test cell, so that code in an answer cannot forge a verdict.
 
 Inside, an error or timeout is recorded in its cell and the next cells run; if the kernel dies
-(``os._exit``, a crash, a limit), a new kernel starts, the set-up cells run again and grading
-goes on from the next cell. Output beyond ``MAX_OUTPUT_CHARS`` per cell is dropped with a note.
+(``os._exit``, a crash, a limit), every process it left in the sandbox is ended, a new kernel
+starts (tried three times), the set-up cells run again and grading goes on from the next cell.
+Output beyond ``MAX_OUTPUT_CHARS`` per cell is dropped with a note.
 Only an error costs a test cell its points: warnings and other stderr output in test cells are
 kept as stdout.
 """
@@ -44,8 +45,10 @@ kept as stdout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -157,19 +160,22 @@ class Watchdog(threading.Thread):
     def __init__(self, pid: int, limits: Limits, keep: int, tmpfs: tuple[str, ...] = ()):
         super().__init__(daemon=True)
         self.pid, self.limits, self.keep, self.tmpfs = pid, limits, keep, tmpfs
-        self.reasons: list[str] = []
+        self.reasons: list[str] = []  # one per episode over a limit, not one per check
         self.spared: set[int] = set()  # the first ``keep`` processes, fixed once seen
         self.cpu: dict[int, float] = {}  # CPU seconds last seen per process, dead ones included
         self.done = threading.Event()
 
     def run(self):
+        over = False
         while not self.done.wait(self.interval_s):
             tree = _tree(self.pid)
             if len(self.spared) < self.keep:
                 self.spared = set(tree[:self.keep])
             reason = tree and self._over(tree)
-            if reason:
+            if reason and not over:
                 self.reasons.append(reason)
+            over = bool(reason)
+            if reason:
                 for pid in tree:
                     if pid not in self.spared:
                         _kill(pid)
@@ -269,7 +275,8 @@ class SandboxedExecute(NbGraderPreprocessor):
                   "--processes", str(limits.processes)]
         why = unavailable()
         if why is None:
-            worker, cwd, keep = sandbox_command(limits) + worker, "/", 3  # bwrap, its init, the worker
+            worker = sandbox_command(limits) + worker + ["--sandboxed"]
+            cwd, keep = "/", 3  # bubblewrap, its init, the worker
             tmpfs = (WORKDIR, "/tmp")
         elif self.allow_unsandboxed:
             self.log.warning("grading WITHOUT a sandbox (allowed explicitly): %s", why)
@@ -308,6 +315,11 @@ def _explain_deaths(nb, reasons: list[str]):
     for out, reason in zip(killed, reasons, strict=False):
         out.evalue = f"the kernel was stopped in this cell: {reason}"
         out.traceback = [f"DeadKernelError: {out.evalue}; a new kernel ran the cells after it."]
+    unstarted = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+                 if o.get("ename") == "KernelStartError"]
+    for out in unstarted[:1] if reasons else []:  # a limit still passed may be why
+        out.evalue += f"; the last limit the submission passed: {reasons[-1]}"
+        out.traceback = [f"KernelStartError: {out.evalue}"]
     return nb
 
 
@@ -363,8 +375,43 @@ def _error(ename: str, evalue: str):
     return nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
 
 
+def _end_strays(wait_s: float = 10.0) -> None:
+    """Inside the sandbox: kill every process but its init and this worker (what a dead kernel
+    left behind, a fork bomb's children say) and wait until they are gone, so that the next
+    kernel neither shares the process limit with them nor is killed with them by the watchdog.
+    kill(-1) reaches only this pid namespace; only a sandboxed worker may call this."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid())]
+        if not others:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(-1, signal.SIGKILL)
+        time.sleep(0.05)  # the namespace's init reaps them
+
+
+def _start_kernel(client, env: dict, sandboxed: bool, tries: int = 3) -> contextlib.ExitStack:
+    """A running kernel for ``client``, to be closed by the caller. A kernel that dies while it
+    starts (the watchdog still ending a submission's processes, a loaded machine) is tried again."""
+    for attempt in range(tries):
+        if sandboxed:
+            _end_strays()
+        stack = contextlib.ExitStack()
+        try:
+            # The kernel's own stdout must not mix with the notebook this worker prints.
+            stack.enter_context(client.setup_kernel(stdout=subprocess.DEVNULL,
+                                                    stderr=subprocess.DEVNULL, env=env))
+            return stack
+        except RuntimeError:  # "Kernel died before replying to kernel_info"
+            if attempt == tries - 1:
+                raise
+            time.sleep(1 + attempt)
+    raise ValueError(f"tries must be at least 1, not {tries}")
+
+
 def execute(nb, timeout: int, path: str, notebook_s: int = Limits.notebook_s,
-            kernel_name: str = "python3", kernel_env: dict | None = None) -> nbformat.NotebookNode:
+            kernel_name: str = "python3", kernel_env: dict | None = None,
+            sandboxed: bool = False) -> nbformat.NotebookNode:
     """Run every code cell, surviving errors, timeouts and kernel deaths (see module doc)."""
     deadline = time.monotonic() + notebook_s
     # interrupt_on_timeout stays off: a cell that ignores SIGINT would never return. At its limit
@@ -375,9 +422,14 @@ def execute(nb, timeout: int, path: str, notebook_s: int = Limits.notebook_s,
     pending = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     restarted = False
     while pending:
-        # The kernel's own stdout must not mix with the notebook this worker prints.
-        with client.setup_kernel(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                 env=config.kernel_env(kernel_env)):
+        try:
+            kernel = _start_kernel(client, config.kernel_env(kernel_env), sandboxed)
+        except RuntimeError as e:
+            for index in pending:
+                nb.cells[index].outputs = [_error("KernelStartError", (
+                    f"not run: no kernel could start, three times ({e})"))]
+            return nb
+        with kernel:
             if restarted:  # a new kernel needs the set-up cells again (outputs discarded)
                 for i in setup:
                     client.execute_cell(nbformat.from_dict({**nb.cells[i], "outputs": []}), i,
@@ -444,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notebook-timeout", type=int, default=Limits.notebook_s)
     parser.add_argument("--memory", type=int, default=Limits.memory_bytes)
     parser.add_argument("--processes", type=int, default=Limits.processes)
+    parser.add_argument("--sandboxed", action="store_true", help="this worker runs in bubblewrap")
     args = parser.parse_args(argv)
     from . import guard  # imports torch: not needed by the grader outside the sandbox
 
@@ -453,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["JUPYTER_PATH"] = kernels
         name = guard.install_kernelspec(Path(kernels))
         nb = execute(nb, args.timeout or config.cell_timeout(), os.getcwd(), args.notebook_timeout,
-                     kernel_name=name, kernel_env=guard.environment(nb))
+                     kernel_name=name, kernel_env=guard.environment(nb), sandboxed=args.sandboxed)
     sys.stdout.write(nbformat.writes(nb))
     return 0
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import subprocess
 import sys
 import time
@@ -131,7 +133,7 @@ def test_the_watchdog_counts_the_whole_tree_and_spares_the_worker(limit, code, r
     out, _ = proc.communicate(timeout=60)
     dog.done.set()
     assert out == "worker lives\n"
-    assert dog.reasons and reason in dog.reasons[0]
+    assert len(dog.reasons) == 1 and reason in dog.reasons[0]  # one per episode, not per check
 
 
 def test_grading_refuses_without_a_sandbox_unless_allowed(tmp_path, monkeypatch):
@@ -167,3 +169,64 @@ def test_a_warning_in_a_test_cell_costs_no_points_and_an_error_does(tmp_path):
     a, b, c = out.cells[1:]
     assert "old API" in _texts(a)[0] and "output truncated" in _texts(b)[0]
     assert [determine_grade(cell)[0] for cell in (a, b, c)] == [2, 2, 0]
+
+
+STRAYS = "sum('stray-{}' in open(f'/proc/{{p}}/cmdline').read() for p in os.listdir('/proc') if p.isdigit())"
+
+
+@pytest.mark.parametrize("attack", [
+    # children that outlive their kernel, below every limit
+    "import os, subprocess, sys, time\nfor _ in range(20):\n    subprocess.Popen([sys.executable, '-c', "
+    "'import time; time.sleep(60)', 'stray-{}'])\ntime.sleep(1)\nos._exit(1)",
+    # a fork bomb: the watchdog kills the kernel, and the next kernel must start all the same
+    "import os, sys, time\nfor _ in range(150):\n    if os.fork() == 0:\n"
+    "        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)', 'stray-{}'])\n"
+    "time.sleep(30)",
+])
+def test_after_a_kernel_dies_what_it_left_is_ended_before_the_next_kernel_runs(tmp_path, attack):
+    if sandbox.unavailable():
+        skip_or_fail(f"no sandbox on this machine: {sandbox.unavailable()}")
+    marker = f"{time.monotonic_ns()}"
+    nb = _notebook(attack.format(marker), f"import os\nprint(base + 1, {STRAYS.format(marker)})",
+                   setup=["base = 41"])
+    out, _ = sandbox.SandboxedExecute(timeout=40).preprocess(nb, {"metadata": {"path": str(tmp_path)}})
+    assert _texts(out.cells[2])[1] == ["DeadKernelError"], out.cells[2].outputs
+    assert _texts(out.cells[3])[0] == "42 0\n", out.cells[3].outputs
+
+
+class _Kernels:
+    """A notebook client whose first ``failures`` kernels die while starting."""
+
+    def __init__(self, failures: int):
+        self.failures, self.starts = failures, 0
+
+    @contextlib.contextmanager
+    def setup_kernel(self, **_):
+        self.starts += 1
+        if self.starts <= self.failures:
+            raise RuntimeError("Kernel died before replying to kernel_info")
+        yield
+
+
+def test_a_kernel_that_dies_while_starting_is_tried_three_times(monkeypatch):
+    monkeypatch.setattr(sandbox.time, "sleep", lambda s: None)
+    kernels = _Kernels(failures=2)
+    with sandbox._start_kernel(kernels, env={}, sandboxed=False):
+        assert kernels.starts == 3
+    with pytest.raises(RuntimeError, match="kernel_info"):
+        sandbox._start_kernel(_Kernels(failures=3), env={}, sandboxed=False)
+
+
+def test_when_no_kernel_starts_every_cell_says_so_and_the_worker_still_answers(tmp_path, monkeypatch):
+    spec = tmp_path / "kernels" / "dead"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-c", "raise SystemExit(1)", "{connection_file}"],
+        "display_name": "dead", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
+    monkeypatch.setattr(sandbox.time, "sleep", lambda s: None)
+    out = sandbox.execute(_notebook("print(1)", "print(2)"), timeout=20, path=str(tmp_path),
+                          kernel_name="dead")
+    assert [_texts(c)[1] for c in out.cells] == [["KernelStartError"]] * 3
+    explained = sandbox._explain_deaths(out, ["it started more than 64 processes"])
+    assert "more than 64 processes" in explained.cells[0].outputs[0].evalue
