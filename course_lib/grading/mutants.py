@@ -218,6 +218,7 @@ class Summary:
     mutants: int
     survivors: list[str]
     visible_catch: float | None = None  # share of mutants the visible tests alone fail
+    visible_misses: tuple[str, ...] = ()  # the mutants only the hidden tests fail
 
     @property
     def kill_rate(self) -> float:
@@ -237,7 +238,7 @@ class Summary:
 def summarize(chapter: str, runs: dict[str, list[Verdict]]) -> Summary:
     """Counts over every run: a correct answer failed in any setting is a false reject, and a
     mutant that survived in any setting is a survivor."""
-    correct, wrong, caught = [], [], []
+    correct, wrong, caught, missed = [], [], [], []
     for row in zip(*runs.values(), strict=True):
         first = row[0]
         failure = next((v for v in row if v.failed), None)
@@ -245,6 +246,7 @@ def summarize(chapter: str, runs: dict[str, list[Verdict]]) -> Summary:
         if first.kind == "mutant":
             wrong.append(None if all(v.failed for v in row) else f"{first.grade_id}: {first.why}")
             caught += [any(seen)] if seen else []
+            missed += [f"{first.grade_id}: {first.why}"] if seen and not any(seen) else []
         elif failure:
             correct.append(f"{first.kind} {first.grade_id} ({first.why}): {failure.detail}")
         elif any(seen):
@@ -252,13 +254,16 @@ def summarize(chapter: str, runs: dict[str, list[Verdict]]) -> Summary:
         else:
             correct.append(None)
     catch = sum(caught) / len(caught) if caught else None
-    return Summary(chapter, len(correct), [c for c in correct if c], len(wrong), [w for w in wrong if w], catch)
+    return Summary(chapter, len(correct), [c for c in correct if c], len(wrong), [w for w in wrong if w], catch,
+                   tuple(missed))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="The graders' self-test: mutant and acceptance catalogues.")
     parser.add_argument("chapter", help="a chapter (01_tokenization or 01) or 'all'")
     parser.add_argument("--matrix", action="store_true", help="run under every setting of the matrix")
+    parser.add_argument("--misses", action="store_true",
+                        help="also list the mutants that only the hidden tests fail")
     parser.add_argument("--json", action="store_true", help="(worker) print the verdicts as JSON")
     parser.add_argument("--visible", action="store_true", help="(worker) also grade by the visible tests")
     parser.add_argument("--threads", type=int, default=None, help="(worker) torch threads")
@@ -282,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  SURVIVED     {problem}")
         for problem in split:
             print(f"  DIFFERS      {problem}")
+        for problem in summary.visible_misses if args.misses else ():
+            print(f"  HIDDEN ONLY  {problem}")
         print(summary.line() + (f"; {len(runs)} settings agree" if len(runs) > 1 and not split else ""), flush=True)
         failed |= not summary.ok or bool(split)
     print(f"Targets: no false reject, kill rate at least {KILL_RATE_TARGET:.0%}, visible tests catch at "

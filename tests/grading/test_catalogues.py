@@ -109,6 +109,7 @@ def test_summary_counts_what_the_visible_tests_catch_and_what_they_wrongly_rejec
     assert summary.visible_catch == 0.5 and summary.kill_rate == 1.0
     assert summary.false_rejects == ["acceptance ex_a (w): rejected by the visible tests"]
     assert "visible tests catch 50.0%" in summary.line()
+    assert summary.visible_misses == ("ex_a: w", "ex_a: w")
     assert mutants.summarize("00_x", {"two": runs["two"]}).visible_catch is None
 
 
