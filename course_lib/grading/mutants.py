@@ -217,8 +217,13 @@ class Summary:
     false_rejects: list[str]
     mutants: int
     survivors: list[str]
-    visible_catch: float | None = None  # share of mutants the visible tests alone fail
-    visible_misses: tuple[str, ...] = ()  # the mutants only the hidden tests fail
+    visible_seen: int = 0  # mutants the visible tests alone were run on
+    visible_misses: tuple[str, ...] = ()  # those of them only the hidden tests fail
+
+    @property
+    def visible_catch(self) -> float | None:
+        """Share of mutants the visible tests alone fail (None: not run)."""
+        return 1 - len(self.visible_misses) / self.visible_seen if self.visible_seen else None
 
     @property
     def kill_rate(self) -> float:
@@ -238,14 +243,14 @@ class Summary:
 def summarize(chapter: str, runs: dict[str, list[Verdict]]) -> Summary:
     """Counts over every run: a correct answer failed in any setting is a false reject, and a
     mutant that survived in any setting is a survivor."""
-    correct, wrong, caught, missed = [], [], [], []
+    correct, wrong, missed, seen_mutants = [], [], [], 0
     for row in zip(*runs.values(), strict=True):
         first = row[0]
         failure = next((v for v in row if v.failed), None)
         seen = [v.visible_failed for v in row if v.visible_failed is not None]
         if first.kind == "mutant":
             wrong.append(None if all(v.failed for v in row) else f"{first.grade_id}: {first.why}")
-            caught += [any(seen)] if seen else []
+            seen_mutants += bool(seen)
             missed += [f"{first.grade_id}: {first.why}"] if seen and not any(seen) else []
         elif failure:
             correct.append(f"{first.kind} {first.grade_id} ({first.why}): {failure.detail}")
@@ -253,9 +258,8 @@ def summarize(chapter: str, runs: dict[str, list[Verdict]]) -> Summary:
             correct.append(f"{first.kind} {first.grade_id} ({first.why}): rejected by the visible tests")
         else:
             correct.append(None)
-    catch = sum(caught) / len(caught) if caught else None
-    return Summary(chapter, len(correct), [c for c in correct if c], len(wrong), [w for w in wrong if w], catch,
-                   tuple(missed))
+    return Summary(chapter, len(correct), [c for c in correct if c], len(wrong), [w for w in wrong if w],
+                   seen_mutants, tuple(missed))
 
 
 def main(argv: list[str] | None = None) -> int:

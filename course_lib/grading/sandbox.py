@@ -317,9 +317,9 @@ def _explain_deaths(nb, reasons: list[str]):
         out.traceback = [f"DeadKernelError: {out.evalue}; a new kernel ran the cells after it."]
     unstarted = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
                  if o.get("ename") == "KernelStartError"]
-    for out in unstarted[:1] if reasons else []:  # a limit still passed may be why
-        out.evalue += f"; the last limit the submission passed: {reasons[-1]}"
-        out.traceback = [f"KernelStartError: {out.evalue}"]
+    if unstarted and reasons:  # a limit still passed may be why
+        unstarted[0].evalue += f"; the last limit the submission passed: {reasons[-1]}"
+        unstarted[0].traceback = [f"KernelStartError: {unstarted[0].evalue}"]
     return nb
 
 
