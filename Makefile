@@ -23,11 +23,13 @@ help:
 	@echo "make release   regenerate student notebooks from solutions (CHAPTER=01_tokenization or all)"
 	@echo "make collect   file an LMS export: make collect CHAPTER=01_tokenization FROM=export.zip"
 	@echo "make grade     autograde submissions of CHAPTER in grading/submitted, write grades.csv"
+	@echo "               (the chapter's unchanged demonstrations are skipped; ALL_CELLS=1 runs them)"
 	@echo "make formgrader  JupyterLab in the course folder, for grading written answers by hand"
 	@echo "make export    grades.csv and feedback again, after manual grading"
 	@echo "make mutants   the graders' self-test: wrong answers fail, correct ones pass, on every setting"
 	@echo "make check     self-check a notebook: make check NB=notebooks/01_tokenization/01_tokenization.ipynb"
-	@echo "               (EX=pair_counts for one exercise in seconds; NB=all for every chapter)"
+	@echo "               (EX=pair_counts for one exercise in seconds; NB=all for every chapter;"
+	@echo "               ALL_CELLS=1 also runs the chapter's demonstrations, which no test needs)"
 	@echo "make nbval     run a notebook under pytest's nbval: make nbval NB=notebooks/01_tokenization/01_tokenization.ipynb"
 	@echo "make lab       open JupyterLab on the student notebooks"
 	@echo "make bench     run the benchmarks (not part of the tests)"
@@ -64,7 +66,7 @@ collect: $(STAMP)
 	$(PY) -m course_lib.grading collect $(CHAPTER) $(FROM) --grading-dir $(GRADING)
 
 grade: $(STAMP)
-	$(PY) -m course_lib.grading grade $(CHAPTER) --grading-dir $(GRADING) $(if $(UNSANDBOXED),--unsandboxed)
+	$(PY) -m course_lib.grading grade $(CHAPTER) --grading-dir $(GRADING) $(if $(UNSANDBOXED),--unsandboxed) $(if $(ALL_CELLS),--all-cells)
 
 # After grading written answers in the formgrader: grades.csv and feedback again.
 export: $(STAMP)
@@ -81,7 +83,7 @@ mutants: $(STAMP)
 
 # The report is the output; a FAIL or TODO is not an error of make (the module itself exits 1).
 check: $(STAMP)
-	@$(PY) -m course_lib.grading.check $(NB) $(if $(EX),--exercise $(EX)) || true
+	@$(PY) -m course_lib.grading.check $(NB) $(if $(EX),--exercise $(EX)) $(if $(ALL_CELLS),--all-cells) || true
 
 nbval: $(STAMP)
 	$(if $(NB),,$(error say which notebook: make nbval NB=notebooks/01_tokenization/01_tokenization.ipynb))

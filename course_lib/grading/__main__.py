@@ -4,7 +4,7 @@
     python -m course_lib.grading book                    build the HTML book into _build/html
     python -m course_lib.grading collect CHAPTER ZIP_OR_FOLDER [--pattern REGEX]
                                                          file an LMS export for grading
-    python -m course_lib.grading grade CHAPTER [--jobs N] [--unsandboxed]
+    python -m course_lib.grading grade CHAPTER [--jobs N] [--unsandboxed] [--all-cells]
                                                          autograde, feedback, grades.csv
     python -m course_lib.grading export CHAPTER          grades.csv and feedback after manual grading
     python -m course_lib.grading.mutants CHAPTER         mutation-test the chapter's graders
@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=None, help="students graded at once (default: cores)")
     p.add_argument("--unsandboxed", action="store_true",
                    help="grade even where no sandbox can be made (only for submissions you trust)")
+    p.add_argument("--all-cells", action="store_true",
+                   help="also run the chapter's unchanged demonstration cells, which no test needs")
     p = sub.add_parser("export", help="rewrite grades.csv and feedback after manual grading")
     p.add_argument("chapter")
     p.add_argument("--grading-dir", type=Path, default=None)
@@ -61,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(report.lines()))
     elif args.command == "grade":
         for chapter in config.resolve_chapters(args.chapter):
-            print(f"Grades written to {grade.grade(chapter, args.grading_dir, args.jobs, args.unsandboxed)}")
+            path = grade.grade(chapter, args.grading_dir, args.jobs, args.unsandboxed, args.all_cells)
+            print(f"Grades written to {path}")
     elif args.command == "export":
         for chapter in config.resolve_chapters(args.chapter):
             print(f"Grades written to {grade.export(chapter, args.grading_dir)}")

@@ -4,9 +4,13 @@
     python -m course_lib.grading.check notebooks/02_attention/02_attention.ipynb --exercise causal_mask
     python -m course_lib.grading.check all          # every chapter; or a folder of notebooks
 
-A fresh kernel runs the code cells in order, as "Restart and run all" would, up to the last
-graded cell (what follows is not graded and is skipped); an error does not stop the run. With
-``--exercise NAME`` only the set-up cells and that exercise's two cells run, in seconds. Each
+A fresh kernel runs the code cells in order, up to the last graded cell (what follows is not
+graded and is skipped); an error does not stop the run. The chapter's own demonstrations, the
+code cells it was released with that are neither set-up nor graded (training runs, figures), are
+skipped while they are unchanged: no test depends on them (exercises are independent by
+design), and they are most of a chapter's time. Every cell you added or changed runs.
+``--all-cells`` runs every code cell, as "Restart and run all" would. With ``--exercise NAME``
+only the set-up cells and that exercise's two cells run, in seconds. Each
 exercise gets PASS, FAIL (the error, the line that failed and, for a bare ``assert``, the values
 it compared) or TODO (still ``raise NotImplementedError()``); each written question ANSWERED or
 TODO (your instructor grades those by hand). Only the visible tests run here; the grader adds
@@ -140,22 +144,31 @@ def _client(nb, path: Path, timeout: int | None) -> NotebookClient:
                           resources={"metadata": {"path": str(path.parent)}})
 
 
-def check(path: Path, timeout: int | None = None, exercise: str | None = None) -> list[Result]:
-    """PASS, FAIL or TODO for each exercise of the notebook at ``path`` (or for ``exercise`` alone)."""
-    path = Path(path)
-    nb = notebook.read(path)
+def cells_to_run(nb, exercise: str | None = None, all_cells: bool = False,
+                 name: str = "the notebook") -> tuple[list[notebook.Exercise], list[int]]:
+    """The exercises to report and the indices of the code cells to run, in order."""
     exercises = notebook.exercises(nb)
     if exercise is not None:
         wanted = config.EXERCISE_PREFIX + exercise.removeprefix(config.EXERCISE_PREFIX)
         exercises = [ex for ex in exercises if ex.name == wanted]
         if not exercises:
             names = ", ".join(ex.name.removeprefix(config.EXERCISE_PREFIX) for ex in notebook.exercises(nb))
-            raise ValueError(f"{path.name} has no exercise {exercise!r}; its exercises: {names}")
+            raise ValueError(f"{name} has no exercise {exercise!r}; its exercises: {names}")
         ex = exercises[0]
-        order = [*notebook.setup_cells(nb), ex.solution_cell, ex.test_cell]
-    else:
-        last = max((ex.test_cell for ex in exercises), default=-1)
-        order = [i for i, c in enumerate(nb.cells[: last + 1]) if c.cell_type == "code"]
+        return exercises, [*notebook.setup_cells(nb), ex.solution_cell, ex.test_cell]
+    last = max((ex.test_cell for ex in exercises), default=-1)
+    skip = set() if all_cells else notebook.unchanged_demonstrations(nb)
+    return exercises, [i for i, c in enumerate(nb.cells[: last + 1]) if c.cell_type == "code" and i not in skip]
+
+
+def check(path: Path, timeout: int | None = None, exercise: str | None = None,
+          all_cells: bool = False) -> list[Result]:
+    """PASS, FAIL or TODO for each exercise of the notebook at ``path`` (or for ``exercise`` alone).
+
+    Unchanged demonstration cells of the released chapter are skipped unless ``all_cells``."""
+    path = Path(path)
+    nb = notebook.read(path)
+    exercises, order = cells_to_run(nb, exercise, all_cells, name=path.name)
     graded = {i for ex in exercises for i in (ex.solution_cell, ex.test_cell)}
     client = _client(nb, path, timeout)
     stopped: dict[int, str] = {}
@@ -242,14 +255,17 @@ USAGE = """Say which notebook to check, for example:
   make check NB=notebooks/02_attention/02_attention.ipynb
   make check NB=notebooks/02_attention/02_attention.ipynb EX=causal_mask   (one exercise, in seconds)
   make check NB=all                                                         (every chapter)
+  make check NB=notebooks/02_attention/02_attention.ipynb ALL_CELLS=1       (the demonstrations too)
 
-or directly: python -m course_lib.grading.check NOTEBOOK|FOLDER|all [--exercise NAME]"""
+or directly: python -m course_lib.grading.check NOTEBOOK|FOLDER|all [--exercise NAME] [--all-cells]"""
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("target", nargs="?", help="a notebook, a folder of notebooks, or 'all'")
     parser.add_argument("--exercise", help="check this exercise alone (name with or without 'ex_')")
+    parser.add_argument("--all-cells", action="store_true",
+                        help="also run the chapter's unchanged demonstration cells (training runs, figures)")
     parser.add_argument("--timeout", type=int, default=None, help="seconds per cell (default: the book's)")
     args = parser.parse_args(argv)
     if not args.target:
@@ -261,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--exercise needs one notebook, not a folder or 'all'")
         ok = True
         for path in paths:
-            results = check(path, args.timeout, args.exercise)
+            results = check(path, args.timeout, args.exercise, args.all_cells)
             questions = [] if args.exercise else written(path)
             if len(paths) > 1:
                 print(f"\n{path}")

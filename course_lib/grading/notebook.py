@@ -61,6 +61,32 @@ def exercises(nb) -> list[Exercise]:
     return [Exercise(name, i, *tests[name]) for name, i in solutions.items()]
 
 
+def _demonstrations(nb) -> list[int]:
+    """Code cells that are neither set-up nor nbgrader cells: the chapter's demonstrations."""
+    setup = set(setup_cells(nb))
+    return [i for i, c in enumerate(nb.cells)
+            if c.cell_type == "code" and i not in setup and not nbgrader_meta(c)]
+
+
+def unchanged_demonstrations(nb) -> set[int]:
+    """Indices of the code cells of ``nb`` that are demonstrations (training runs, figures) of the
+    released chapter ``nb`` is a copy of, found by its exercises, left unchanged. No test depends
+    on them (exercises are independent by design), so self-check and grading skip them; a cell the
+    student added or changed is not one. Empty for a notebook that is no chapter's, or outside the
+    course repository."""
+    names = {ex.name for ex in exercises(nb)}
+    try:
+        chapters = config.chapters()
+    except FileNotFoundError:
+        return set()
+    for chapter in chapters:
+        released = read(config.student_path(chapter))
+        if names and {ex.name for ex in exercises(released)} == names:
+            sources = {released.cells[i].source for i in _demonstrations(released)}
+            return {i for i in _demonstrations(nb) if nb.cells[i].source in sources}
+    return set()
+
+
 def written_questions(nb) -> list[str]:
     return [
         nbgrader_meta(c)["grade_id"]

@@ -34,6 +34,11 @@ explicitly (``--unsandboxed``; ``SandboxedExecute.allow_unsandboxed``).
 The kernel is :mod:`course_lib.grading.guard`'s, which restores the interpreter's hooks and the
 libraries' functions before each test cell, so that code in an answer cannot forge a verdict.
 
+The chapter's demonstrations that the submission left unchanged (training runs, figures:
+:func:`course_lib.grading.notebook.unchanged_demonstrations`, decided outside the sandbox from the
+released chapter) are not run, as in the students' self-check, and say so in their output; every
+set-up, graded, added or changed cell runs (``all_cells`` runs every cell).
+
 Inside, an error or timeout is recorded in its cell and the next cells run; if the kernel dies
 (``os._exit``, a crash, a limit), every process it left in the sandbox is ended, a new kernel
 starts (tried three times), the set-up cells run again and grading goes on from the next cell.
@@ -67,6 +72,8 @@ from traitlets import Bool, Integer
 from . import config, notebook
 
 MAX_OUTPUT_CHARS = 100_000
+SKIPPED = ("(not run by the grader: a demonstration of the chapter, unchanged, that no test needs; "
+           "`grade --all-cells` runs it)\n")
 WORKDIR = "/submission"  # the sandbox's working folder, a size-limited tmpfs
 NOBODY = "65534"
 # Variables a submission may see: the thread and CPU-kernel settings the graders are tested under.
@@ -264,6 +271,7 @@ class SandboxedExecute(NbGraderPreprocessor):
     notebook_timeout = Integer(Limits.notebook_s, help="Seconds for the whole notebook").tag(config=True)
     memory_limit = Integer(Limits.memory_bytes, help="Bytes for all processes and files").tag(config=True)
     allow_unsandboxed = Bool(False, help="Grade without a sandbox where none can be made").tag(config=True)
+    all_cells = Bool(False, help="Also run the chapter's unchanged demonstrations").tag(config=True)
 
     def preprocess(self, nb, resources):
         per_cell = self.timeout or config.cell_timeout()
@@ -273,6 +281,9 @@ class SandboxedExecute(NbGraderPreprocessor):
         worker = [sys.executable, "-m", "course_lib.grading.sandbox", "--timeout", str(per_cell),
                   "--notebook-timeout", str(limits.notebook_s), "--memory", str(limits.memory_bytes),
                   "--processes", str(limits.processes)]
+        # Decided here, outside the sandbox, from the released chapter: which cells no test needs.
+        skip = set() if self.all_cells else notebook.unchanged_demonstrations(nb)
+        worker += ["--skip", ",".join(map(str, sorted(skip)))] if skip else []
         why = unavailable()
         if why is None:
             worker = sandbox_command(limits) + worker + ["--sandboxed"]
@@ -281,7 +292,7 @@ class SandboxedExecute(NbGraderPreprocessor):
         elif self.allow_unsandboxed:
             self.log.warning("grading WITHOUT a sandbox (allowed explicitly): %s", why)
             cwd, keep, tmpfs = resources.get("metadata", {}).get("path") or os.getcwd(), 1, ()
-            worker[-1] = "0"  # RLIMIT_NPROC would count the instructor's own processes
+            worker[worker.index("--processes") + 1] = "0"  # RLIMIT_NPROC would count the instructor's own processes
         else:
             raise RuntimeError(f"refusing to grade: {why}. Pass --unsandboxed to grade without a "
                                "sandbox, only for submissions you trust.")
@@ -411,15 +422,18 @@ def _start_kernel(client, env: dict, sandboxed: bool, tries: int = 3) -> context
 
 def execute(nb, timeout: int, path: str, notebook_s: int = Limits.notebook_s,
             kernel_name: str = "python3", kernel_env: dict | None = None,
-            sandboxed: bool = False) -> nbformat.NotebookNode:
-    """Run every code cell, surviving errors, timeouts and kernel deaths (see module doc)."""
+            sandboxed: bool = False, skip: frozenset[int] = frozenset()) -> nbformat.NotebookNode:
+    """Run every code cell but those in ``skip`` (marked as not run), surviving errors, timeouts
+    and kernel deaths (see module doc)."""
     deadline = time.monotonic() + notebook_s
     # interrupt_on_timeout stays off: a cell that ignores SIGINT would never return. At its limit
     # the kernel is shut down at once and a new one goes on.
     client = _LimitedClient(nb, timeout=timeout, kernel_name=kernel_name, allow_errors=True,
                             shutdown_kernel="immediate", resources={"metadata": {"path": path}})
     setup = notebook.setup_cells(nb)[1:]  # the install cell is not needed again
-    pending = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    pending = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and i not in skip]
+    for i in skip:
+        nb.cells[i].outputs = [nbformat.v4.new_output("stream", name="stdout", text=SKIPPED)]
     restarted = False
     while pending:
         try:
@@ -497,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory", type=int, default=Limits.memory_bytes)
     parser.add_argument("--processes", type=int, default=Limits.processes)
     parser.add_argument("--sandboxed", action="store_true", help="this worker runs in bubblewrap")
+    parser.add_argument("--skip", default="", help="indices of code cells not to run, comma-separated")
     args = parser.parse_args(argv)
     from . import guard  # imports torch: not needed by the grader outside the sandbox
 
@@ -506,7 +521,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["JUPYTER_PATH"] = kernels
         name = guard.install_kernelspec(Path(kernels))
         nb = execute(nb, args.timeout or config.cell_timeout(), os.getcwd(), args.notebook_timeout,
-                     kernel_name=name, kernel_env=guard.environment(nb), sandboxed=args.sandboxed)
+                     kernel_name=name, kernel_env=guard.environment(nb), sandboxed=args.sandboxed,
+                     skip=frozenset(int(i) for i in args.skip.split(",") if i))
     sys.stdout.write(nbformat.writes(nb))
     return 0
 

@@ -2,8 +2,9 @@
 
 Students: one hands in the untouched notebook, one the right answers, one the right answers but
 for a single plausible wrong one (the first mutant of the chapter's catalogue), one the right
-answers but for one written differently (the last entry of the acceptance catalogue), and one
-with the last mutant (a sample of the in-process verdicts).
+answers but for one written differently (the last entry of the acceptance catalogue), one
+with the last mutant (a sample of the in-process verdicts), and one the right answers with a
+demonstration cell of the chapter changed.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 
 import pytest
 
-from course_lib.grading import config, notebook
+from course_lib.grading import config, notebook, sandbox
 from course_lib.grading import mutants as mutant_grader
 from tests.conftest import CHAPTERS, ROOT
 from tests.helpers import acceptance, answered, mutants, write
@@ -36,6 +37,10 @@ def graded(tmp_path_factory):
     # A sample of the catalogue (the last mutant, of another exercise) graded by nbgrader too.
     write(answered(CHAPTER, mutant=mutants(CHAPTER)[-1]), grading / "submitted" / "sampled" / target)
     write(answered(CHAPTER, mutant=acceptance(CHAPTER)[-1]), grading / "submitted" / "other_right" / target)
+    tinkered = answered(CHAPTER)
+    demo = min(notebook.unchanged_demonstrations(tinkered))
+    tinkered.cells[demo].source += '\nprint("TINKERED")'
+    write(tinkered, grading / "submitted" / "tinkerer" / target)
     proc = subprocess.run(
         ["make", "-o", ".venv/.installed", "grade", f"CHAPTER={CHAPTER}", f"GRADING={grading}",
          f"PY={sys.executable}"],
@@ -90,6 +95,24 @@ def test_in_process_verdicts_agree_with_nbgrader(graded):
     for student, verdict in [("one_wrong", wrong[0]), ("sampled", wrong[-1]), ("other_right", right[-1])]:
         lost = float(rows[student][verdict.grade_id]) < points[verdict.grade_id]
         assert verdict.failed == lost, (student, verdict.why)
+
+
+def _stdout(student: str, grading) -> dict[str, str]:
+    """Each code cell's source -> its printed output, in the student's graded notebook."""
+    nb = notebook.read(grading / "autograded" / student / CHAPTER / f"{CHAPTER}.ipynb")
+    return {c.source: "".join(o.get("text", "") for o in c.outputs) for c in nb.cells if c.cell_type == "code"}
+
+
+def test_unchanged_demonstrations_are_not_run_and_a_changed_one_is(graded):
+    grading, rows, _ = graded
+    released = notebook.read(config.student_path(CHAPTER))
+    demos = [released.cells[i].source for i in notebook.unchanged_demonstrations(released)]
+    assert demos
+    perfect, tinkerer = _stdout("perfect", grading), _stdout("tinkerer", grading)
+    assert all(perfect[source] == sandbox.SKIPPED for source in demos)
+    changed = next(source for source in tinkerer if source.endswith('print("TINKERED")'))
+    assert "TINKERED" in tinkerer[changed] and sandbox.SKIPPED not in tinkerer[changed]
+    assert float(rows["tinkerer"]["autograded"]) == sum(_points().values())
 
 
 def test_feedback_is_written_for_every_student(graded):

@@ -32,6 +32,29 @@ def test_answered_notebook_passes_and_one_wrong_answer_fails_only_that_one(chapt
     assert all(r.status == "PASS" for name, r in results.items() if name != mutant["grade_id"])
 
 
+def test_the_chapter_s_unchanged_demonstrations_are_skipped_and_changed_or_added_cells_run():
+    chapter = "03_transformer"  # its training run comes before its last exercises
+    nb = notebook.read(config.student_path(chapter))
+    setup, graded = set(notebook.setup_cells(nb)), {i for ex in notebook.exercises(nb)
+                                                    for i in (ex.solution_cell, ex.test_cell)}
+    last = max(graded)
+    code = [i for i, c in enumerate(nb.cells[:last + 1]) if c.cell_type == "code"]
+    demos = [i for i in code if i not in setup | graded]
+    training = next(i for i in demos if "train.train(" in nb.cells[i].source)
+    _, order = check.cells_to_run(nb)
+    assert order == sorted(setup | graded) and training < last
+    _, order = check.cells_to_run(nb, all_cells=True)
+    assert order == code  # as "Restart and run all" would, up to the last graded cell
+    nb.cells[training].source += "\n# a student's note"  # changed: it runs
+    nb.cells.insert(training, nbformat.v4.new_code_cell("def helper(): return 1"))  # added: it runs
+    _, order = check.cells_to_run(nb)
+    assert training in order and training + 1 in order
+    assert [i for i in order if i not in (training, training + 1)] == sorted(
+        i + (i >= training) for i in setup | graded)
+    other = nbformat.v4.new_notebook(cells=[nb.cells[training + 1]])  # no chapter's: every cell runs
+    assert notebook.unchanged_demonstrations(other) == set()
+
+
 def test_cli_names_each_exercise_and_exits_nonzero_on_failure(tmp_path):
     chapter = CHAPTERS[0]
     proc = subprocess.run(
