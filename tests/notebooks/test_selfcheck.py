@@ -99,15 +99,24 @@ def test_nbval_lax_runs_a_notebook():
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_each_exercise_runs_alone_on_the_setup_cells(chapter):
-    """Setup cells + one solution + its full (hidden included) tests, nothing else, pass."""
+    """Setup cells + one solution + its full (hidden included) tests, nothing else, pass. One kernel
+    serves the chapter: before each exercise its namespace is emptied (``%reset -f``) and the set-up
+    cells run again, so no name of another exercise or of the narrative is left to lean on."""
     nb = notebook.read(config.solution_path(chapter))
     setup = [nb.cells[i] for i in notebook.setup_cells(nb)]
+    alone = nbformat.v4.new_notebook(metadata=nb.metadata)
     for ex in notebook.exercises(nb):
-        alone = nbformat.v4.new_notebook(metadata=nb.metadata)
-        alone.cells = setup + [nb.cells[ex.solution_cell], nb.cells[ex.test_cell]]
-        client = NotebookClient(alone, timeout=config.cell_timeout(), kernel_name="python3",
-                                resources={"metadata": {"path": str(config.solution_path(chapter).parent)}})
-        client.execute()  # raises CellExecutionError naming the cell if the exercise is not independent
+        alone.cells += [nbformat.v4.new_code_cell("%reset -f"), *setup,
+                        nb.cells[ex.solution_cell], nb.cells[ex.test_cell]]
+    client = NotebookClient(alone, timeout=config.cell_timeout(), kernel_name="python3",
+                            resources={"metadata": {"path": str(config.solution_path(chapter).parent)}})
+    client.execute()  # raises CellExecutionError naming the cell if an exercise is not independent
+
+
+def test_the_reset_between_exercises_leaves_no_name_behind():
+    alone = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in (
+        "leaked = 1", "%reset -f", "assert 'leaked' not in globals()")])
+    NotebookClient(alone, timeout=60, kernel_name="python3").execute()
 
 
 # The self-check's report, on small notebooks made here: cell 0 is the set-up cell, then one
