@@ -12,10 +12,11 @@ tests/ count as "tests/*"). Standard library only: it runs even when the install
 from __future__ import annotations
 
 import sys
-import tomllib
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
+
+import tomllib
 
 BUDGET = Path(__file__).with_name("budget.toml")
 

@@ -3,6 +3,7 @@ report, beside their shares of .ci/budget.toml, the ones over flagged."""
 
 import subprocess
 import sys
+
 import tomllib
 
 from tests.conftest import ROOT
