@@ -1,16 +1,18 @@
 """Check chapter 08's fine-tuning claims over several seeds: each was drawn from one run.
 
-Run from the repository root: ``python benchmarks/seed_spread.py`` (``--seeds``, ``--steps``;
-on a shared machine set ``OMP_WAIT_POLICY=PASSIVE``, or each step can take ten times longer).
-For each seed s, the chapter's six fine-tunings of the shipped model on stage directions (its
-recipe: 80 steps, batches of 8, lr 1e-3 for full fine-tuning and 1e-2 for LoRA, alpha = 2 R),
+Run from the repository root: ``python benchmarks/seed_spread.py`` (``--seeds``, ``--steps``,
+``--batch-size``; on a shared machine set ``OMP_WAIT_POLICY=PASSIVE``, or each step can take ten
+times longer). For each seed s, the chapter's six fine-tunings of the shipped model on stage
+directions (its recipe: 50 steps, batches of 4 windows of 128 bytes, lr 1e-3 for full
+fine-tuning and 1e-2 for LoRA, alpha = 2 R, evaluated on 4 batches every 10 steps),
 with s seeding LoRA's A initialisation, the batches and the evaluation windows (the base model
 is evaluated on the same windows). For one seed, a difference of a few hundredths between two
 runs may be batch order or initialisation rather than the method; this script tells which
 claims survive a change of seed. Per seed it checks:
 
 (a) full fine-tuning ends clearly below LoRA q, v at R = 4 (by at least ``CLEAR`` nats per byte);
-(b) q, v at R = 1 gets at least 2/3 of the gain over the base model that q, v at R = 16 gets;
+(b) diminishing returns: going from R = 1 to R = 4 (q, v) lowers the loss more than twice as much
+    as going from R = 4 to R = 16;
 (c) at the same number of trainable parameters, q, k, v, o at R = 2 ends below q at R = 8;
 (c') and q, v at R = 4 ends between them.
 """
@@ -41,8 +43,8 @@ RUNS = {  # name: (targets, rank); None = full fine-tuning
 }
 CLAIMS = {
     "(a) full clearly below q,v R=4": lambda v: v["full"] < v["q,v R=4"] - CLEAR,
-    "(b) q,v R=1 gets >= 2/3 of R=16's gain":
-        lambda v: v["base"] - v["q,v R=1"] >= 2 / 3 * (v["base"] - v["q,v R=16"]),
+    "(b) R=1 -> 4 gains > 2x R=4 -> 16 (q,v)":
+        lambda v: v["q,v R=1"] - v["q,v R=4"] > 2 * (v["q,v R=4"] - v["q,v R=16"]),
     "(c) q,k,v,o R=2 below q R=8": lambda v: v["q,k,v,o R=2"] < v["q R=8"],
     "(c') q,v R=4 between them": lambda v: v["q,k,v,o R=2"] < v["q,v R=4"] < v["q R=8"],
 }
@@ -62,7 +64,8 @@ def finetune(base, train_ids, val_ids, recipe, run, seed: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--batch-size", type=int, default=4)
     args = parser.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, device {dev.get_device('auto')}, fp32")
@@ -70,9 +73,9 @@ def main() -> None:
 
     base = pretrained.load()
     train_ids, val_ids = data.train_val_split(data.encode_corpus(data.stage_directions()))
-    recipe = train.TrainConfig(max_steps=args.steps, batch_size=8, lr=1e-3, min_lr=1e-4,
-                               warmup_steps=min(8, args.steps), eval_every=20, eval_batches=4,
-                               precision="fp32")
+    recipe = train.TrainConfig(max_steps=args.steps, batch_size=args.batch_size, lr=1e-3, min_lr=1e-4,
+                               warmup_steps=args.steps // 10, eval_every=max(1, args.steps // 5),
+                               eval_batches=4, precision="fp32")
     losses = {name: [] for name in ["base", *RUNS]}
     held = {claim: [] for claim in CLAIMS}
     for seed in range(args.seeds):
@@ -84,7 +87,8 @@ def main() -> None:
             held[claim].append(holds({n: v[-1] for n, v in losses.items()}))
 
     seeds = range(args.seeds)
-    print(f"\nfinal validation loss after {args.steps} steps (nats per byte; base = before fine-tuning)")
+    print(f"\nfinal validation loss after {args.steps} steps of {args.batch_size} windows "
+          f"(nats per byte; base = before fine-tuning)")
     print(f"{'':14s} " + " ".join(f"{'seed ' + str(s):>8s}" for s in seeds) + f" {'mean':>8s} {'sd':>7s}")
     for name, values in losses.items():
         mean, sd = statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
