@@ -80,7 +80,7 @@ def execute(path: Path, timeout: int | None = None,
     )
     start = time.perf_counter()
     try:
-        client.execute(env=config.kernel_env())
+        client.execute(env=config.kernel_env(shared=False))
     except CellTimeoutError:
         raise NotebookFailed(running[0] - 1, f"ran past the limit of {client.timeout} s per cell") from None
     except DeadKernelError:

@@ -60,15 +60,19 @@ def cell_timeout() -> int:
     return int(os.environ.get("COURSE_CELL_TIMEOUT") or book_config()["execute"]["timeout"])
 
 
-def kernel_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a kernel that executes a notebook (book build, self-check, grading).
+def kernel_env(extra: dict[str, str] | None = None, shared: bool = True) -> dict[str, str]:
+    """The environment of a kernel that executes a notebook.
 
-    OpenMP's worker threads sleep while they wait instead of spinning (``OMP_WAIT_POLICY=PASSIVE``,
-    unless the environment sets it). Measured on 2 cores, chapter 03's training: about 5% slower
-    on a quiet machine, but 2x faster while two other processes keep both cores busy (a busy
-    laptop, two submissions graded at once), where spinning threads burn the time slices the
-    others need: 100 steps took 52 s spinning and 27 s passive against 14 s quiet."""
-    return {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, **(extra or {})}
+    A ``shared`` kernel (grading, several submissions at once; the self-check beside a student's
+    own kernel) has OpenMP's worker threads sleep while they wait instead of spinning
+    (``OMP_WAIT_POLICY=PASSIVE``, unless the environment sets it): while two other processes kept
+    both cores busy, 100 steps of chapter 03's training took 52 s spinning and 27 s passive
+    (14 s quiet), since spinning threads burn the time slices the others need. The book build
+    runs one notebook at a time on a quiet machine, as a student's Jupyter does, and keeps
+    OpenMP's default (a short spin): there, sleeping threads make every small operation wait for
+    a wake-up, and chapter 04's small training steps took 2.5 times longer passive (the chapter
+    52.5 s against 21.2 s on 2 quiet cores)."""
+    return {**({"OMP_WAIT_POLICY": "PASSIVE"} if shared else {}), **os.environ, **(extra or {})}
 
 
 def repository() -> tuple[str, str]:
