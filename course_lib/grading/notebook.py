@@ -74,10 +74,10 @@ def unchanged_demonstrations(nb) -> set[int]:
     on them (exercises are independent by design), so self-check and grading skip them; a cell the
     student added or changed is not one. Empty for a notebook that is no chapter's, or outside the
     course repository."""
-    names = {ex.name for ex in exercises(nb)}
     try:
+        names = {ex.name for ex in exercises(nb)}
         chapters = config.chapters()
-    except FileNotFoundError:
+    except (ValueError, FileNotFoundError):  # unpaired exercise cells; no course repository
         return set()
     for chapter in chapters:
         released = read(config.student_path(chapter))

@@ -53,6 +53,9 @@ def test_the_chapter_s_unchanged_demonstrations_are_skipped_and_changed_or_added
         i + (i >= training) for i in setup | graded)
     other = nbformat.v4.new_notebook(cells=[nb.cells[training + 1]])  # no chapter's: every cell runs
     assert notebook.unchanged_demonstrations(other) == set()
+    unpaired = notebook.read(config.student_path(chapter))
+    unpaired.cells = [c for c in unpaired.cells if not notebook.nbgrader_meta(c).get("grade")]
+    assert notebook.unchanged_demonstrations(unpaired) == set()  # no exception: everything runs
 
 
 def test_cli_names_each_exercise_and_exits_nonzero_on_failure(tmp_path):
