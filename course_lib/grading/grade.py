@@ -111,7 +111,11 @@ def grade(chapter: str, grading_dir: Path | None = None, jobs: int | None = None
         record[student].update(notes=notes, flags=flags.flags(nb, release_nb))
     gradable = [s for s in students if not record[s]["problem"]]
 
-    extra = ["--SandboxedExecute.allow_unsandboxed=True"] * unsandboxed + ["--SandboxedExecute.all_cells=True"] * all_cells
+    extra = []
+    if unsandboxed:
+        extra.append("--SandboxedExecute.allow_unsandboxed=True")
+    if all_cells:
+        extra.append("--SandboxedExecute.all_cells=True")
 
     def autograde(student: str) -> str | None:
         try:

@@ -11,6 +11,7 @@ A chapter notebook (see the template in README.md, "Adding a chapter") has
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import nbformat
@@ -75,16 +76,23 @@ def unchanged_demonstrations(nb) -> set[int]:
     student added or changed is not one. Empty for a notebook that is no chapter's, or outside the
     course repository."""
     try:
-        names = {ex.name for ex in exercises(nb)}
-        chapters = config.chapters()
+        names = frozenset(ex.name for ex in exercises(nb))
+        sources = _released_demonstrations().get(names, frozenset())
     except (ValueError, FileNotFoundError):  # unpaired exercise cells; no course repository
         return set()
-    for chapter in chapters:
+    return {i for i in _demonstrations(nb) if nb.cells[i].source in sources}
+
+
+@functools.cache
+def _released_demonstrations() -> dict[frozenset[str], frozenset[str]]:
+    """Each released chapter's exercise names -> the sources of its demonstrations (read once)."""
+    out = {}
+    for chapter in config.chapters():
         released = read(config.student_path(chapter))
-        if names and {ex.name for ex in exercises(released)} == names:
-            sources = {released.cells[i].source for i in _demonstrations(released)}
-            return {i for i in _demonstrations(nb) if nb.cells[i].source in sources}
-    return set()
+        names = frozenset(ex.name for ex in exercises(released))
+        if names:
+            out[names] = frozenset(released.cells[i].source for i in _demonstrations(released))
+    return out
 
 
 def written_questions(nb) -> list[str]:
