@@ -31,6 +31,14 @@ NumPy scalar, the container type of a sequence. ``assert_close`` converts whatev
 
 Every failed check raises ``AssertionError`` whose message starts with ``what`` (the case, in the
 exercise's words: which input, which property) and says what was expected and what came back.
+
+Where the verdict is decided. In a student's kernel (the self-check, the book) each check judges at
+once. When an exercise is graded, :mod:`course_lib.grading.verdicts` runs the same test code twice,
+in two processes that never meet: in the sandbox, with the student's answer, each check only
+*records* what the answer gave (``actual``, as plain data; the test code runs there with every
+``expected`` argument removed); outside, with the instructor's solution, each check records its
+``expected`` value and parameters as the *answer key*. The grader then applies the same judges,
+here, to the recorded data. ``_session`` is what a check reports to while that happens.
 """
 
 from __future__ import annotations
@@ -43,13 +51,39 @@ import numpy as np
 import torch
 
 __all__ = [
-    "assert_close", "assert_equal", "assert_grads_close", "assert_raises", "call_unchanged",
+    "assert_close", "assert_equal", "assert_true", "assert_grads_close", "assert_raises", "call_unchanged",
     "number", "rng", "to_float64", "tolerance",
 ]
 
 # Unit roundoff (half the machine epsilon) of each floating-point format.
 _ROUNDOFF = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 SAFETY = 64  # chained operations and u * n growth of short sums, on any kernel or thread count
+_session = None  # a verdicts.Session while a graded run records or an answer key is made
+
+
+def _check(kind: str, what: str, actual, expected, **params) -> None:
+    """Judge at once, or hand the check to the session (see the module docstring)."""
+    if _session is None:
+        JUDGES[kind](actual, expected, what, **params)
+    else:
+        _session.check(kind, what, actual, expected, params)
+
+
+def _reference(compute: Callable):
+    """``compute()``, the expected value of a check: the checks it makes itself (a test's guard on
+    its own inputs) are not part of the answer key (the graded run never computes references)."""
+    if _session is None:
+        return compute()
+    _session.quiet += 1
+    try:
+        return compute()
+    finally:
+        _session.quiet -= 1
+
+
+def _recording() -> bool:
+    """Whether this run only records the answer's side (the sandbox of a graded run)."""
+    return _session is not None and _session.recording
 
 
 def rng(seed: int) -> torch.Generator:
@@ -119,6 +153,12 @@ def assert_close(actual, expected, what: str, *, precision: torch.dtype = torch.
     exactly (a masked score is ``-inf``, not ``-1e9``); NaN only where ``equal_nan``. ``types``
     and ``dtype`` check the answer's Python type and tensor dtype, for exercises that state them.
     """
+    _check("close", what, actual, expected, precision=precision, terms=terms, scale=scale,
+           equal_nan=equal_nan, types=types, dtype=dtype)
+
+
+def _judge_close(actual, expected, what: str, *, precision=torch.float32, terms=1, scale=None,
+                 equal_nan=False, types=None, dtype=None) -> None:
     _check_type(actual, what, types, dtype)
     got = _as_tensor(actual, what, "the answer")
     want = _as_tensor(expected, what, "the reference")
@@ -152,10 +192,17 @@ def assert_close(actual, expected, what: str, *, precision: torch.dtype = torch.
 def assert_equal(actual, expected, what: str, *, types=None, dtype=None) -> None:
     """Exact equality for integers, bools, token ids, shapes and strings (compared as values:
     a list and a tensor with the same entries are equal unless ``types`` says otherwise)."""
+    _check("equal", what, actual, expected, types=types, dtype=dtype)
+
+
+def _judge_equal(actual, expected, what: str, *, types=None, dtype=None) -> None:
     _check_type(actual, what, types, dtype)
     if isinstance(expected, (str, bytes)) or isinstance(actual, (str, bytes)):
         if actual != expected:
             raise AssertionError(f"{what}: expected {expected!r}, got {actual!r}")
+        return
+    if isinstance(expected, Mapping) or _structured(expected):
+        _judge_structure(actual, expected, what)
         return
     if isinstance(expected, (int, float, bool)) and not isinstance(actual, torch.Tensor) and not hasattr(actual, "shape"):
         ok = actual == expected
@@ -173,6 +220,62 @@ def assert_equal(actual, expected, what: str, *, types=None, dtype=None) -> None
         return
     if not ok:
         raise AssertionError(f"{what}: expected {expected!r}, got {actual!r}")
+
+
+def _structured(value) -> bool:
+    """A list or tuple that is no array of numbers (pairs of a pair and an id, strings, ragged
+    rows): compared as Python values."""
+    if not isinstance(value, (list, tuple)):
+        return False
+    try:
+        return np.array(value).dtype == object or np.array(value).dtype.kind in "US"
+    except ValueError:  # ragged
+        return True
+
+
+def _short(x, n: int = 160) -> str:
+    r = repr(x)
+    return r if len(r) <= n else r[:n] + " ..."
+
+
+def _judge_structure(actual, expected, what: str) -> None:
+    """Dicts by key (wrong, missing, extra entries); sequences item by item."""
+    if isinstance(expected, Mapping):
+        if not isinstance(actual, Mapping):
+            raise AssertionError(f"{what}: expected a dict, got a {type(actual).__name__}: {_short(actual)}")
+        actual = dict(actual)
+        if actual == dict(expected):
+            return
+        wrong = [f"{k}: expected {expected[k]!r}, got {actual[k]!r}" for k in expected
+                 if k in actual and actual[k] != expected[k]]
+        missing = [f"{k} ({expected[k]!r})" for k in expected if k not in actual]
+        extra = [f"{k}: {actual[k]!r}" for k in actual if k not in expected]
+        problems = [label + ", ".join(items[:3]) + (" ..." if len(items) > 3 else "")
+                    for label, items in [("wrong values ", wrong), ("missing keys ", missing),
+                                         ("unexpected keys ", extra)] if items]
+        both = f" (expected {expected}, got {actual})" if len(expected) + len(actual) <= 8 else ""
+        raise AssertionError(f"{what}: {'; '.join(problems)}{both}")
+    if not isinstance(actual, (list, tuple)):
+        raise AssertionError(f"{what}: expected a sequence, got a {type(actual).__name__}: {_short(actual)}")
+    if list(actual) == list(expected):
+        return
+    i = next((k for k, (a, b) in enumerate(zip(actual, expected)) if a != b), min(len(actual), len(expected)))
+    want = repr(expected[i]) if i < len(expected) else "nothing more"
+    got = repr(actual[i]) if i < len(actual) else "nothing more"
+    raise AssertionError(f"{what}: expected {len(expected)} items, got {len(actual)}; item {i + 1}: "
+                         f"expected {want}, got {got}")
+
+
+def assert_true(condition, what="") -> None:
+    """An observation that must hold (``what``: the message, or a function that makes it when it
+    does not). The graders turn a test cell's ``assert`` statements into this check."""
+    ok = bool(condition)
+    _check("true", (what() if callable(what) else what) if not ok else "", ok, True)
+
+
+def _judge_true(ok, expected, what: str) -> None:
+    if ok is not True:
+        raise AssertionError(what or "a check of the tests failed")
 
 
 def number(value, what: str) -> float:
@@ -194,12 +297,18 @@ def call_unchanged(fn: Callable, *args, what: str, **kwargs):
     """``fn(*args, **kwargs)``, failing if the call changed any tensor argument in place."""
     before = _inputs_snapshot(args, kwargs)
     out = fn(*args, **kwargs)
-    for key, tensor, copy_ in before:
-        name = f"argument {key + 1}" if isinstance(key, int) else f"argument {key!r}"
-        if tensor.shape != copy_.shape or not torch.equal(tensor.detach(), copy_):
-            raise AssertionError(f"{what}: the function changed its {name} in place; "
-                                 "it must leave its inputs as they were")
+    changed = [f"argument {key + 1}" if isinstance(key, int) else f"argument {key!r}"
+               for key, tensor, copy_ in before
+               if tensor.shape != copy_.shape or not torch.equal(tensor.detach(), copy_)]
+    _check("unchanged", what, changed, [])
     return out
+
+
+def _judge_unchanged(changed, expected, what: str) -> None:
+    if changed:  # the names of the arguments changed in place, as observed while the answer ran
+        name = changed[0] if isinstance(changed, list) else repr(changed)
+        raise AssertionError(f"{what}: the function changed its {name} in place; "
+                             "it must leave its inputs as they were")
 
 
 def _grads(fn: Callable, inputs: Sequence[torch.Tensor], weights_seed: int, what: str):
@@ -222,24 +331,47 @@ def assert_grads_close(answer: Callable, reference: Callable, inputs: Sequence[t
     weights (``seed``), so every output element's gradient counts. An input that gets no
     gradient where the reference has one fails. ``reference`` receives float64 tensors that
     require grad: it must not detach them (``to_float64`` does), or it has no gradient to compare."""
-    got = _grads(answer, inputs, seed, what)
-    want = _grads(reference, [to_float64(x) for x in inputs], seed, f"{what} (the reference)")
+    got = [leaf.grad for leaf in _grads(answer, inputs, seed, what)]
+    want = None if _recording() else [
+        leaf.grad for leaf in _grads(reference, [to_float64(x) for x in inputs], seed, f"{what} (the reference)")]
+    _check("grads", what, got, want, precision=precision, terms=terms)
+
+
+def _judge_grads(got, want, what: str, *, precision=torch.float32, terms=1) -> None:
+    if not isinstance(got, list) or len(got) != len(want):
+        raise AssertionError(f"{what}: expected {len(want)} gradients, got {got!r:.80}")
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        if w.grad is None:
+        if w is None:
             continue
-        if g.grad is None:
+        if g is None:
             raise AssertionError(f"{what}: no gradient reached input {i + 1}; the reference has one "
                                  "(is the computation detached, or done outside autograd?)")
-        assert_close(g.grad, w.grad, f"{what}, gradient of input {i + 1}", precision=precision, terms=terms)
+        _judge_close(g, w, f"{what}, gradient of input {i + 1}", precision=precision, terms=terms)
 
 
 def assert_raises(error: type[BaseException] | tuple, fn: Callable, *args, what: str, **kwargs) -> None:
     """``fn(*args, **kwargs)`` must raise ``error`` (for exercises whose text asks for it)."""
-    names = error.__name__ if isinstance(error, type) else " or ".join(e.__name__ for e in error)
     try:
         fn(*args, **kwargs)
-    except error:
-        return
-    except Exception as e:  # noqa: BLE001 (any other error is the wrong one)
-        raise AssertionError(f"{what}: expected {names}, got {type(e).__name__}: {e}") from None
-    raise AssertionError(f"{what}: expected {names}, but the call returned normally")
+        raised = None
+    except Exception as e:  # noqa: BLE001 (any error is observed; only ``error`` passes)
+        raised = {"classes": [_class_name(c) for c in type(e).__mro__], "text": f"{type(e).__name__}: {e}"[:300]}
+    errors = error if isinstance(error, tuple) else (error,)
+    _check("raises", what, raised, [_class_name(c) for c in errors])
+
+
+def _class_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _judge_raises(raised, expected: list, what: str) -> None:
+    names = " or ".join(name.rsplit(".", 1)[-1] for name in expected)
+    if raised is None:
+        raise AssertionError(f"{what}: expected {names}, but the call returned normally")
+    if not isinstance(raised, dict) or not set(raised.get("classes") or ()) & set(expected):
+        text = raised.get("text") if isinstance(raised, dict) else repr(raised)
+        raise AssertionError(f"{what}: expected {names}, got {text}")
+
+
+JUDGES = {"close": _judge_close, "equal": _judge_equal, "unchanged": _judge_unchanged,
+          "grads": _judge_grads, "raises": _judge_raises, "true": _judge_true}

@@ -174,6 +174,44 @@ def grade_in_process(chapter: str, seed: int = 0, visible: bool = False) -> list
     return verdicts
 
 
+def _answers(chapter: str, nb) -> list[tuple[str, dict, str]]:
+    """(kind, entry, answer cell) for the references and both catalogues, in grading order."""
+    exercises = {ex.name: ex for ex in notebook.exercises(nb)}
+    entries = [("reference", {"grade_id": name, "why": "the reference solution"}) for name in exercises]
+    entries += [("acceptance", e) for e in load_catalogue(chapter, "acceptance")]
+    entries += [("mutant", e) for e in load_catalogue(chapter, "mutant")]
+    out = []
+    for kind, entry in entries:
+        ex = exercises.get(entry["grade_id"])
+        if ex is None:
+            raise ValueError(f"{kind} entry for unknown exercise {entry['grade_id']!r} in {chapter}")
+        solution = nb.cells[ex.solution_cell].source
+        out.append((kind, entry, solution if kind == "reference" else apply(entry, solution)))
+    return out
+
+
+def grade_recorded(chapter: str) -> list[Verdict]:
+    """Grade the references and both catalogues the way submissions are graded: each answer's tests
+    recorded by the runner of :mod:`verdicts` (in one child process, not in the sandbox) and
+    judged against the chapter's answer key, in this process."""
+    from . import verdicts
+
+    nb = notebook.read(config.solution_path(chapter))
+    key = verdicts.answer_key(chapter)
+    by_name = {ex["name"]: ex for ex in verdicts.request(nb)["exercises"]}
+    answers = _answers(chapter, nb)
+    req = verdicts.request(nb) | {"batch": True, "exercises": [
+        dict(by_name[entry["grade_id"]], name=f"{i} {entry['grade_id']}", answer=code)
+        for i, (_, entry, code) in enumerate(answers)]}
+    results = verdicts._run_subprocess([sys.executable, "-m", "course_lib.grading.verdicts", "run"], req,
+                                       timeout=600, cwd=str(config.solution_path(chapter).parent))
+    out = []
+    for i, (kind, entry, _) in enumerate(answers):
+        problem = verdicts.judge(key[entry["grade_id"]], results.get(f"{i} {entry['grade_id']}"))
+        out.append(Verdict(kind, entry["grade_id"], entry["why"], problem is not None, problem or ""))
+    return out
+
+
 def grade(chapter: str, setting: str | None = None, visible: bool = False) -> list[Verdict]:
     """Grade ``chapter`` in a fresh worker process, under one setting of ``MATRIX`` (default: as is)."""
     cmd = [sys.executable, "-m", "course_lib.grading.mutants", chapter, "--json"] + ["--visible"] * visible

@@ -1,0 +1,581 @@
+"""Verdicts decided where no student code ever ran: graded runs record data, the grader judges it.
+
+An exercise's test cell runs twice, in two processes that never meet:
+
+1. **The graded run**, in the sandbox (``sandbox.py``), one fresh process per exercise forked from a
+   runner that has only imported the libraries: the chapter's set-up cells, then the student's
+   answer cell for that exercise and nothing else the student wrote, then the test code. The test
+   code runs in its own namespace with every reference left out (the ``expected`` argument of
+   each check is removed and the reference side of gradient checks is not run; the cell's
+   top-level names are local to one function), and each check of :mod:`checks` only *records*
+   what the answer gave: values, as plain data (:mod:`wire`), and the observations a check makes
+   while the answer runs (inputs changed in place, the error raised, gradients). The record goes
+   back through the runner's pipe. Nothing the run prints or publishes is read.
+2. **The answer key**, made once per chapter outside the sandbox from the instructor's solution
+   notebook (set-up, solution and test cells, unchanged): each check records its ``expected``
+   value and parameters (tolerance, dtype...). The solution must pass its own key.
+
+The grader then applies :data:`checks.JUDGES` to each pair of recorded values, in its own
+process: the verdict of an exercise is "passed" only if every check of the key is matched, in
+order, by a check of the record that passes, and the graded run ended without an error. A
+missing, late, malformed or shorter record fails. A forged record can only claim outputs, which
+must then equal the instructor's within the tolerance: the claim of a correct answer.
+
+While the answer and the tests run, an audit hook refuses the interpreter's introspection to code
+that is not the course's or a library's (frames, ``gc``'s object graph, code and function objects
+made at run time, ``ctypes``' symbols and raw memory, trace and audit hooks, threads, signal
+handlers, new processes, modules imported again after removal) and reports each use, and every
+``exec``, ``eval`` or ``compile`` of a string, to the runner as it happens, so that a first use is
+on record before it could try to silence the hook. The reports become flags for a person.
+
+    python -m course_lib.grading.verdicts run < request.json   # the runner (used by sandbox.py)
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import config, notebook
+
+MAX_RECORD_BYTES = 64 * 2**20  # one exercise's record, as sent
+CHECKED_CALLS = {"assert_close": 1, "assert_equal": 1, "assert_grads_close": 1}  # check -> index of the reference
+TEST_FUNCTION = "__graded_tests"
+# Type names a key may ask an answer to have (``types=`` of a check).
+TYPES = {"torch.Tensor": "torch.Tensor", "int": "int", "float": "float", "bool": "bool", "list": "list",
+         "tuple": "tuple", "str": "str", "dict": "dict", "numpy.ndarray": "numpy.ndarray"}
+
+
+class NoAnswerKey(RuntimeError):
+    """The instructor's solution does not pass its own tests: no key can be made."""
+
+
+# --- what the checks report to ---------------------------------------------------------------
+
+class Session:
+    """Collects the checks of one test cell: the answer's side (``recording``) or the key's."""
+
+    def __init__(self, recording: bool):
+        self.recording = recording
+        self.entries: list[dict] = []
+        self.quiet = 0  # > 0 while a reference is computed (checks._reference)
+
+    def check(self, kind: str, what: str, actual, expected, params: dict) -> None:
+        from . import checks, wire
+
+        entry = {"kind": kind, "what": str(what)[:1000]}
+        if self.quiet:
+            checks.JUDGES[kind](actual, expected, what, **params)
+            return
+        if self.recording:
+            entry["actual"] = wire.encode(actual)
+        else:
+            checks.JUDGES[kind](actual, expected, what, **params)  # the solution passes its own key
+            entry["expected"] = wire.encode(expected)
+            entry["params"] = _params_data(params)
+        self.entries.append(entry)
+
+
+def _params_data(params: dict) -> dict:
+    from . import wire
+
+    out = {}
+    for name, value in params.items():
+        if name == "types" and value is not None:
+            classes = value if isinstance(value, tuple) else (value,)
+            out[name] = {"types": [_type_name(c) for c in classes]}
+        else:
+            out[name] = wire.encode(value)
+    return out
+
+
+def _type_name(cls: type) -> str:
+    name = {"torch": "torch.Tensor", "numpy": "numpy.ndarray"}.get(cls.__module__.split(".")[0], cls.__name__)
+    if name not in TYPES:
+        raise NoAnswerKey(f"a check asks for type {cls!r}, which a key cannot hold")
+    return name
+
+
+def _params_from_data(data: dict) -> dict:
+    import numpy as np
+    import torch
+
+    from . import wire
+
+    classes = {"torch.Tensor": torch.Tensor, "int": int, "float": float, "bool": bool, "list": list,
+               "tuple": tuple, "str": str, "dict": dict, "numpy.ndarray": np.ndarray}
+    out = {}
+    for name, value in data.items():
+        if name == "types" and isinstance(value, dict) and "types" in value:
+            found = tuple(classes[n] for n in value["types"])
+            out[name] = found[0] if len(found) == 1 else found
+        else:
+            out[name] = wire.decode(value)
+    return out
+
+
+# --- the test code of a graded run ------------------------------------------------------------
+
+CHECKS_NAME = "_graded_checks_"  # how transformed test code reaches the checks module
+
+
+class _Asserts(ast.NodeTransformer):
+    """``assert cond, msg`` -> a recorded check (``checks.assert_true``), so that its outcome is
+    judged by the grader like any other check instead of stopping the graded run."""
+
+    def visit_Assert(self, node: ast.Assert):
+        message = node.msg or ast.Constant(f"this check failed: {ast.unparse(node.test)[:200]}")
+        call = ast.Call(func=ast.Attribute(ast.Name(CHECKS_NAME, ast.Load()), "assert_true", ast.Load()),
+                        args=[node.test, ast.Lambda(_no_arguments(), message)], keywords=[])
+        return ast.copy_location(ast.Expr(call), node)
+
+
+def _no_arguments() -> ast.arguments:
+    return ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[])
+
+
+def key_side(tests: str) -> str:
+    """The test code as the answer key runs it: as the graded run does (see :func:`answer_side`), but
+    with each check's reference computed, through ``checks._reference``."""
+    return _transform(tests, recording=False)
+
+
+def answer_side(tests: str) -> str:
+    """The test code as the graded run executes it: ``assert`` statements as checks, each check's
+    reference argument removed (so no expected value exists in the sandbox) and the top-level code
+    made local to one function (so that nothing the tests compute is a global an answer could read).
+
+    >>> print(answer_side("x = f(1)\\nchecks.assert_close(x, ref(1), 'f(1)')"))
+    def __graded_tests():
+        x = f(1)
+        checks.assert_close(x, None, 'f(1)')
+    __graded_tests()
+    """
+    return _transform(tests, recording=True)
+
+
+def _transform(tests: str, recording: bool) -> str:
+    tree = _Asserts().visit(ast.parse(tests))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Global, ast.Nonlocal)) or (
+                isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)):
+            raise ValueError("test cells may not use global, nonlocal or import *")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in CHECKED_CALLS and isinstance(node.func.value, ast.Name) and \
+                node.func.value.id == "checks":
+            index = CHECKED_CALLS[node.func.attr]
+            places = [(node.args, index)] if len(node.args) > index else []
+            places += [(kw, "value") for kw in node.keywords if kw.arg in ("expected", "reference")]
+            for owner, slot in places:
+                value = owner[slot] if isinstance(owner, list) else owner.value
+                new = ast.Constant(None) if recording else ast.Call(
+                    func=ast.Attribute(ast.Name(CHECKS_NAME, ast.Load()), "_reference", ast.Load()),
+                    args=[ast.Lambda(_no_arguments(), value)], keywords=[])
+                if isinstance(owner, list):
+                    owner[slot] = new
+                else:
+                    owner.value = new
+    wrapped = ast.Module(body=[
+        ast.FunctionDef(name=TEST_FUNCTION, args=_no_arguments(), body=tree.body or [ast.Pass()],
+                        decorator_list=[], returns=None, type_comment=None),
+        ast.Expr(ast.Call(func=ast.Name(TEST_FUNCTION, ast.Load()), args=[], keywords=[]))], type_ignores=[])
+    return ast.unparse(ast.fix_missing_locations(wrapped))
+
+
+def answer_names(solution_source: str) -> list[str]:
+    """The names an exercise's solution cell defines at top level: what its tests may call."""
+    try:
+        tree = ast.parse(solution_source)
+    except SyntaxError:
+        return []
+    names = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+    return names
+
+
+def request(nb, answers: dict[str, str] | None = None, recording: bool = True) -> dict:
+    """What a runner needs for the chapter notebook ``nb`` (the instructor's): its set-up cells and,
+    per exercise, the answer (``answers[grade_id]``, else the solution cell), the test cell and the
+    names the tests take from the answer."""
+    exercises = []
+    for ex in notebook.exercises(nb):
+        solution = nb.cells[ex.solution_cell].source
+        tests = nb.cells[ex.test_cell].source
+        exercises.append({"name": ex.name, "names": answer_names(solution),
+                          "answer": solution if answers is None else answers.get(ex.name, ""),
+                          "tests": answer_side(tests) if recording else key_side(tests)})
+    return {"recording": recording, "timeout": config.cell_timeout(),
+            "setup": [nb.cells[i].source for i in notebook.setup_cells(nb)[1:]], "exercises": exercises}
+
+
+# --- the runner ---------------------------------------------------------------------------------
+
+def run(req: dict, deadline_s: float | None = None) -> dict:
+    """Each exercise of ``req`` in a fresh child process (all in one child with ``req["batch"]``, for
+    the graders' self-test); returns ``{name: result}`` where a result has ``checks`` (the session's
+    entries), ``error`` (what stopped the tests, or None) and ``events`` (introspection refused or
+    flagged while the answer ran)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import numpy  # noqa: F401  (imported once here, before any fork)
+    import torch  # noqa: F401
+
+    from . import checks  # noqa: F401
+
+    deadline = time.monotonic() + (deadline_s or 10**9)
+    exercises = req["exercises"]
+    groups = [exercises] if req.get("batch") else [[ex] for ex in exercises]
+    results = {}
+    for group in groups:
+        left = deadline - time.monotonic()
+        if left < 1:
+            results |= {ex["name"]: {"checks": [], "events": [], "error": "not run: the notebook's time limit "
+                                     "was reached"} for ex in group}
+            continue
+        results |= _fork(req, group, min(2 * req["timeout"] * len(group), left))
+    return results
+
+
+def _fork(req: dict, group: list[dict], timeout: float) -> dict:
+    out_r, out_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(out_r)
+        code = 1
+        try:
+            _child(req, group, out_w)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(out_w)
+    chunks, size = [], 0
+    end = time.monotonic() + timeout
+    with os.fdopen(out_r, "rb", buffering=0) as pipe:
+        while time.monotonic() < end and size <= MAX_RECORD_BYTES * len(group):
+            ready, _, _ = select.select([pipe], [], [], max(0.0, end - time.monotonic()))
+            if not ready:
+                break
+            chunk = pipe.read(1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    names = [ex["name"] for ex in group]
+    events, results = [], {}
+    for line in b"".join(chunks).split(b"\n"):
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(message, dict) and "event" in message and len(events) < 100:
+            events.append(str(message["event"])[:200])
+        elif isinstance(message, dict) and message.get("name") in names and isinstance(message.get("result"), dict):
+            results[message["name"]] = message["result"]
+    if size > MAX_RECORD_BYTES * len(group):
+        why = "the answer's results were too large to send"
+    elif os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL and time.monotonic() >= end:
+        why = f"it ran past its {timeout:.0f} s limit and was stopped"
+    elif os.WIFSIGNALED(status):
+        why = f"its process was killed (signal {os.WTERMSIG(status)}; see the limits)"
+    else:
+        why = "its process ended before the tests finished"
+    for name in names:
+        result = results.get(name) or {"checks": [], "error": f"no result came back from the tests: {why}"}
+        result["events"] = events
+        results[name] = result
+    return results
+
+
+def _send(fd: int, message: dict) -> None:
+    data = (json.dumps(message, allow_nan=False) + "\n").encode()
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _child(req: dict, group: list[dict], fd: int) -> None:
+    """Set-up, then each answer of ``group`` with its tests; each record goes to ``fd`` as it is
+    made. Student code runs only here."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from . import checks
+
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for std in (0, 1, 2):  # what the answer prints goes nowhere: nothing it writes is read
+        os.dup2(devnull, std)
+    token = secrets.token_hex(8)
+    setup_file, test_file, answer_file = f"<setup {token}>", f"<tests {token}>", "<answer>"
+    setup, recording = req["setup"], req["recording"]
+    req.clear()  # the other exercises' tests stay out of reach
+    ns: dict = {"__name__": "__main__"}
+    for source in setup:
+        exec(compile(source, setup_file, "exec"), ns)
+    if recording:
+        _install_hook(fd, trusted=(setup_file, test_file))
+    while group:
+        ex = group.pop(0)
+        session = checks._session = Session(recording=recording)
+        error = None
+        try:
+            for seed in (torch.manual_seed, random.seed, np.random.seed):
+                seed(0)
+            answer_ns = dict(ns)
+            exec(compile(_ipython_free(ex.pop("answer")), answer_file, "exec"), answer_ns)
+            tests_ns = dict(ns, **{CHECKS_NAME: checks})
+            for name in ex["names"]:
+                if name in answer_ns:
+                    tests_ns[name] = answer_ns[name]
+            for seed in (torch.manual_seed, random.seed, np.random.seed):
+                seed(0)
+            exec(compile(ex.pop("tests"), test_file, "exec"), tests_ns)
+        except BaseException as e:  # noqa: BLE001 (whatever stopped the tests is reported, as text)
+            error = _describe(e, answer_file)
+        checks._session = None
+        _send(fd, {"name": ex["name"], "result": {"checks": session.entries, "error": error}})
+
+
+def _ipython_free(source: str) -> str:
+    """An answer cell as Python: IPython's magics become calls (which fail: there is no shell)."""
+    try:
+        ast.parse(source)
+        return source
+    except SyntaxError:
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        return TransformerManager().transform_cell(source)
+
+
+def _describe(e: BaseException, answer_file: str) -> str:
+    """``Type: message``, and the line of the answer where it was raised, if it was."""
+    import traceback
+
+    text = f"{type(e).__name__}: {e}"[:600]
+    lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == answer_file]
+    return text + (f" (raised at line {lines[-1]} of the answer)" if lines else "")
+
+
+# --- the audit hook -----------------------------------------------------------------------------
+
+REFUSED = ("sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile", "sys.addaudithook",
+           "sys._getframemodulename", "object.__setattr__", "object.__delattr__", "code.__new__",
+           "function.__new__", "marshal.loads", "marshal.load", "os.system", "os.exec", "os.posix_spawn",
+           "os.spawn", "os.fork", "os.forkpty", "subprocess.Popen", "pty.spawn",
+           "cpython.PyInterpreterState_New", "cpython._PySys_ClearAuditHooks")
+REFUSED_PREFIXES = ("gc.", "ctypes.", "sys.monitoring")
+FLAGGED = ("exec", "compile", "import")
+SUSPICIOUS_IMPORTS = {"gc", "ctypes", "inspect", "importlib", "threading", "_thread", "signal", "code",
+                      "codeop", "marshal", "pickle", "dis", "traceback", "multiprocessing", "subprocess", "pty"}
+# Modules that hand the interpreter's machinery to whoever calls them: an event raised in one of them
+# is the caller's. Any other library acts on its own behalf (lazy set-up in torch, say).
+MECHANISMS = {"inspect", "traceback", "threading", "_thread", "code", "codeop", "runpy", "pdb", "bdb", "cgitb",
+              "trace", "profile", "cProfile", "dis", "types", "functools", "operator", "contextlib", "signal",
+              "concurrent", "asyncio", "multiprocessing", "copy", "copyreg", "pickle", "weakref", "gc", "ctypes",
+              "importlib", "pkgutil", "zipimport", "timeit", "linecache", "tokenize", "io", "_io"}
+
+
+def _library_dirs() -> tuple[str, ...]:
+    dirs = {os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    dirs.add(os.path.realpath(Path(__file__).resolve().parents[1]) + os.sep)  # course_lib
+    return tuple(dirs)
+
+
+def _is_code_file(path, library: tuple[str, ...]) -> bool:
+    """A Python source, bytecode, extension or archive outside the installed libraries."""
+    name = os.fsdecode(path)
+    return name.endswith((".py", ".pyc", ".pyo", ".so", ".pth", ".zip", ".egg", ".whl")) and \
+        not os.path.realpath(name).startswith(library)
+
+
+def _install_hook(fd: int, trusted: tuple[str, ...]) -> None:
+    """The graded run's audit hook and thread and signal guards (see the module docstring).
+
+    Code is *untrusted* if it is the answer's or was compiled while untrusted code was running (an
+    ``exec`` of a string, ``timeit``...); the set-up and test cells are trusted; every other frame is
+    a library's. An event is the answer's when the frame that raised it, passing over the frames of
+    :data:`MECHANISMS`, is untrusted."""
+    import _thread
+    import threading
+
+    library = _library_dirs()
+    loaded = set(sys.modules)
+    getframe, write = sys._getframe, os.write
+    busy, reported = [False], set()
+    untrusted = {"<answer>"}
+
+    def culprit(depth: int, skip=MECHANISMS) -> str:
+        """The untrusted file whose code raised the event ``depth`` frames up, or ""."""
+        frame = getframe(depth + 1)
+        while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in skip:
+            frame = frame.f_back
+        return frame.f_code.co_filename if frame is not None and frame.f_code.co_filename in untrusted else ""
+
+    def running_untrusted() -> bool:
+        """Whether untrusted code is anywhere between the event and the nearest trusted frame."""
+        frame = getframe(2)
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if name in untrusted or name in trusted:
+                return name in untrusted
+            frame = frame.f_back
+        return False
+
+    def report(event: str, where: str) -> None:
+        if (event, where) not in reported:
+            reported.add((event, where))
+            with contextlib.suppress(OSError):
+                write(fd, (json.dumps({"event": f"{event} in {where}"}) + "\n").encode())
+
+    def refuse(event: str, where: str) -> None:
+        if where:
+            report(event, where)
+            raise PermissionError(f"{event} is not allowed while an answer is graded")
+
+    def hook(event: str, args) -> None:
+        if busy[0]:
+            return
+        busy[0] = True
+        try:
+            if event.startswith("marshal.load"):  # importlib reads installed bytecode with it
+                refuse(event, culprit(1, skip=()))
+            elif event in REFUSED or event.startswith(REFUSED_PREFIXES) or (
+                    event == "object.__getattr__" and str(args[1]).endswith("_frame")):  # tb_frame, gi_frame
+                refuse(event if event != "object.__getattr__" else f"reading {args[1]}", culprit(1))
+            elif event == "import" and args[0] in loaded and args[0] not in sys.modules:
+                refuse(f"importing {args[0]} again", culprit(1))
+            elif event == "open" and isinstance(args[0], (str, bytes)) and _is_code_file(args[0], library):
+                refuse(f"loading code from {os.fsdecode(args[0])[-80:]}", culprit(1))
+            elif event in FLAGGED:
+                if event == "compile" and isinstance(args[1], (str, bytes)) and running_untrusted():
+                    untrusted.add(os.fsdecode(args[1]))  # what it compiles is the answer's code too
+                where = culprit(1)
+                if where and (event != "import" or args[0].split(".")[0] in SUSPICIOUS_IMPORTS):
+                    report(event if event != "import" else f"import of {args[0]}", where)
+        finally:
+            busy[0] = False
+
+    def guarded(name: str, original):
+        def call(*args, **kwargs):
+            refuse(name, culprit(1))
+            return original(*args, **kwargs)
+        return call
+
+    sys.addaudithook(hook)
+    for module, names in ((_thread, ("start_new_thread", "start_new", "start_joinable_thread")),
+                          (threading, ("_start_new_thread", "_start_joinable_thread")),
+                          (signal, ("signal", "setitimer", "alarm", "set_wakeup_fd", "pthread_kill")),
+                          (sys.modules.get("_signal"), ("signal", "setitimer", "alarm", "set_wakeup_fd"))):
+        for name in names:
+            if module is not None and hasattr(module, name):
+                setattr(module, name, guarded(f"{module.__name__}.{name}", getattr(module, name)))
+
+
+# --- the key and the judge ------------------------------------------------------------------------
+
+def _run_subprocess(cmd: list[str], req: dict, timeout: float, cwd: str | None = None) -> dict:
+    proc = subprocess.run(cmd, input=json.dumps(req), capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the grading runner failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout)
+
+
+def _fingerprint(req: dict) -> str:
+    h = hashlib.sha256(json.dumps(req, sort_keys=True).encode())
+    for path in sorted(Path(__file__).resolve().parents[1].rglob("*.py")):  # the references are course_lib's
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def answer_key(chapter: str, cache_dir: Path | None = None) -> dict:
+    """The answer key of ``chapter`` (``{grade_id: checks}``), made from the instructor's notebook in
+    a process of its own and kept in ``cache_dir`` (made again when the notebook or course_lib
+    changes)."""
+    req = request(notebook.read(config.solution_path(chapter)), recording=False)
+    path = None
+    if cache_dir is not None:
+        path = Path(cache_dir) / f"{chapter}-{_fingerprint(req)}.json"
+        if path.is_file():
+            return json.loads(path.read_text(encoding="utf-8"))
+    results = _run_subprocess([sys.executable, "-m", "course_lib.grading.verdicts", "run"], req,
+                              timeout=60 + 2 * req["timeout"] * len(req["exercises"]),
+                              cwd=str(config.solution_path(chapter).parent))
+    broken = {name: r["error"] for name, r in results.items() if r.get("error")}
+    if broken:
+        raise NoAnswerKey(f"the solution of {chapter} fails its own tests, so no answer key can be made: {broken}")
+    key = {name: r["checks"] for name, r in results.items()}
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(key), encoding="utf-8")
+        tmp.replace(path)
+    return key
+
+
+def judge(key: list[dict], result) -> str | None:
+    """None if the recorded ``result`` of one exercise passes every check of its ``key``, else why
+    not, in words for the student."""
+    from . import checks, wire
+
+    if not isinstance(result, dict) or not isinstance(result.get("checks"), list):
+        return "no result came back from the tests"
+    record, error = result["checks"], result.get("error")
+    if error is not None and not isinstance(error, str):
+        return "the tests' result was malformed"
+    for i, want in enumerate(key):
+        if i >= len(record):
+            return f"the tests stopped: {error}" if error else (
+                f"the tests stopped before this check: {want['what']}")
+        got = record[i]
+        if not isinstance(got, dict) or got.get("kind") != want["kind"] or "actual" not in got:
+            return f"the tests took another path with this answer, at: {want['what']}"
+        try:
+            actual = wire.decode(got["actual"])
+        except wire.WireError as e:
+            return f"{want['what']}: the answer's value could not be read ({e})"
+        try:
+            checks.JUDGES[want["kind"]](actual, wire.decode(want["expected"]), want["what"],
+                                        **_params_from_data(want["params"]))
+        except AssertionError as e:
+            return str(e)
+        except Exception as e:  # noqa: BLE001 (a value of the wrong kind fails its check)
+            return f"{want['what']}: {type(e).__name__}: {str(e)[:300]}"
+    if error:
+        return f"the tests stopped: {error}"
+    if len(record) != len(key):
+        return "the tests took another path with this answer (more checks than the tests have)"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    if args[:1] != ["run"]:
+        print("usage: python -m course_lib.grading.verdicts run < request.json", file=sys.stderr)
+        return 2
+    req = json.loads(sys.stdin.read())
+    deadline = float(args[1]) if len(args) > 1 else None
+    out = run(req, deadline)
+    sys.stdout.write(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
