@@ -35,7 +35,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import collect, config, flags, nbgrader_cli, notebook, release, repair, sandbox
+from . import collect, config, flags, nbgrader_cli, notebook, release, repair, sandbox, verdicts
 
 ALLOWED_EXTRA = {"timestamp.txt"}  # what nbgrader's own collect puts beside a notebook
 
@@ -111,13 +111,16 @@ def grade(chapter: str, grading_dir: Path | None = None, jobs: int | None = None
         record[student].update(notes=notes, flags=flags.flags(nb, release_nb))
     gradable = [s for s in students if not record[s]["problem"]]
 
-    extra = []
+    keys, reports = g / "keys", g / "reports" / chapter
+    verdicts.answer_key(chapter, keys)  # made once, before the students (fails if the solution fails)
+    extra = [f"--SandboxedExecute.answer_keys={keys}", f"--SandboxedExecute.report_dir={reports}"]
     if unsandboxed:
         extra.append("--SandboxedExecute.allow_unsandboxed=True")
     if all_cells:
         extra.append("--SandboxedExecute.all_cells=True")
 
     def autograde(student: str) -> str | None:
+        (reports / f"{student}.json").unlink(missing_ok=True)
         try:
             only = f"--CourseDirectory.student_id={student}"
             nbgrader_cli.run("autograde", chapter, "--force", only, *extra, grading_dir=g,
@@ -132,6 +135,11 @@ def grade(chapter: str, grading_dir: Path | None = None, jobs: int | None = None
             if failure:
                 record[student]["problem"] = failure
                 print(f"Cannot grade {student}: {failure}", flush=True)
+            report = reports / f"{student}.json"
+            if report.is_file():  # what the graded runs observed (written by SandboxedExecute)
+                found = json.loads(report.read_text(encoding="utf-8"))
+                record[student]["flags"] += [str(f)[:300] for f in found.get("flags", [])]
+                record[student]["notes"] += [str(n)[:300] for n in found.get("notes", [])]
     path = _record_path(chapter, g)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, ensure_ascii=False), encoding="utf-8")

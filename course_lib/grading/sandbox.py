@@ -52,9 +52,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -67,9 +68,9 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbgrader.preprocessors import NbGraderPreprocessor
-from traitlets import Bool, Integer
+from traitlets import Bool, Integer, Unicode
 
-from . import config, notebook
+from . import config, notebook, verdicts
 
 MAX_OUTPUT_CHARS = 100_000
 SKIPPED = ("(not run by the grader: a demonstration of the chapter, unchanged, that no test needs; "
@@ -273,46 +274,144 @@ class SandboxedExecute(NbGraderPreprocessor):
     allow_unsandboxed = Bool(False, help="Grade without a sandbox where none can be made").tag(config=True)
     all_cells = Bool(False, help="Also run the chapter's unchanged demonstrations").tag(config=True)
 
+    answer_keys = Unicode("", help="Folder where the chapters' answer keys are kept ('': made each time)"
+                          ).tag(config=True)
+    report_dir = Unicode("", help="Folder for each student's report (flags, notes) as JSON").tag(config=True)
+
     def preprocess(self, nb, resources):
         per_cell = self.timeout or config.cell_timeout()
         # The variables override the configuration for one run (tests use small limits).
         limits = Limits(notebook_s=int(os.environ.get("COURSE_NOTEBOOK_TIMEOUT") or self.notebook_timeout),
                         memory_bytes=int(os.environ.get("COURSE_SANDBOX_MEMORY") or self.memory_limit))
-        worker = [sys.executable, "-m", "course_lib.grading.sandbox", "--timeout", str(per_cell),
-                  "--notebook-timeout", str(limits.notebook_s), "--memory", str(limits.memory_bytes),
-                  "--processes", str(limits.processes)]
-        # Decided here, outside the sandbox, from the released chapter: which cells no test needs.
-        skip = set() if self.all_cells else notebook.unchanged_demonstrations(nb)
-        worker += ["--skip", ",".join(map(str, sorted(skip)))] if skip else []
         why = unavailable()
-        if why is None:
-            worker = sandbox_command(limits) + worker + ["--sandboxed"]
-            cwd, keep = "/", 3  # bubblewrap, its init, the worker
-            tmpfs = (WORKDIR, "/tmp")
-        elif self.allow_unsandboxed:
-            self.log.warning("grading WITHOUT a sandbox (allowed explicitly): %s", why)
-            cwd, keep, tmpfs = resources.get("metadata", {}).get("path") or os.getcwd(), 1, ()
-            worker[worker.index("--processes") + 1] = "0"  # RLIMIT_NPROC would count the instructor's own processes
-        else:
+        if why is not None and not self.allow_unsandboxed:
             raise RuntimeError(f"refusing to grade: {why}. Pass --unsandboxed to grade without a "
                                "sandbox, only for submissions you trust.")
-        wall = limits.notebook_s + 120  # the worker stops itself at notebook_s; this is a backstop
-        proc = subprocess.Popen(worker, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, cwd=cwd, start_new_session=True)
-        watchdog = Watchdog(proc.pid, limits, keep, tmpfs)
-        watchdog.start()
-        try:
-            out, err = proc.communicate(nbformat.writes(nb), timeout=wall)
-        except subprocess.TimeoutExpired:
-            out, err = "", f"grading stopped after {wall} s"
-        finally:
-            watchdog.done.set()
-            for pid in reversed(_tree(proc.pid)):
-                _kill(pid)
-            proc.wait()
-        if proc.returncode != 0 and not out.strip():
-            return _failed(nb, f"the grading worker failed: {err[-2000:]}"), resources
-        return _explain_deaths(nbformat.reads(out, as_version=4), watchdog.reasons), resources
+        if why is not None:
+            self.log.warning("grading WITHOUT a sandbox (allowed explicitly): %s", why)
+        chapter = _chapter(nb, resources)
+        key = {} if chapter is None else verdicts.answer_key(
+            chapter, Path(self.answer_keys) if self.answer_keys else None)
+        started = time.monotonic()
+        # 1. The notebook for feedback and manual grading: every cell but the tests (their outputs
+        # are the verdicts) and, unless all_cells, the chapter's unchanged demonstrations.
+        tests = {i for i, c in enumerate(nb.cells)
+                 if c.cell_type == "code" and notebook.nbgrader_meta(c).get("grade")}
+        skip = tests | (set() if self.all_cells else notebook.unchanged_demonstrations(nb))
+        worker = [sys.executable, "-m", "course_lib.grading.sandbox", "--timeout", str(per_cell),
+                  "--notebook-timeout", str(limits.notebook_s), "--memory", str(limits.memory_bytes),
+                  # unsandboxed, RLIMIT_NPROC would count the instructor's own processes
+                  "--processes", str(limits.processes if why is None else 0)]
+        worker += ["--skip", ",".join(map(str, sorted(skip)))] if skip else []
+        out, failure, _ = _confined(worker + ["--sandboxed"] * (why is None), nbformat.writes(nb), limits,
+                                    sandboxed=why is None, cwd=resources.get("metadata", {}).get("path"))
+        executed = nb if failure else _explain_deaths(nbformat.reads(out, as_version=4), _)
+        # 2. The graded runs: each exercise's set-up, answer and tests in a fresh process of a new
+        # sandbox, recording data; judged here against the answer key.
+        results, run_failure, reasons = {}, "this notebook is none of the course's chapters", []
+        if chapter is not None:
+            left = max(1, limits.notebook_s - int(time.monotonic() - started))
+            req = verdicts.request(notebook.read(config.solution_path(chapter)), answers=_answers(nb))
+            out, run_failure, reasons = _confined(
+                [sys.executable, "-I", "-m", "course_lib.grading.verdicts", "run", str(left)], json.dumps(req),
+                limits, sandboxed=why is None, cwd=None)
+            try:
+                results = json.loads(out) if not run_failure else {}
+            except ValueError:
+                results, run_failure = {}, "the graded runs sent back no readable result"
+        report = _judge_cells(executed, key, results, run_failure, reasons)
+        _write_report(self.report_dir, resources, report)
+        return executed, resources
+
+
+def _chapter(nb, resources) -> str | None:
+    """The chapter ``nb`` is a submission of: nbgrader's assignment, else the one whose exercises it
+    has (None: no chapter's, and no test cell can earn points)."""
+    name = (resources.get("nbgrader") or {}).get("assignment")
+    if name in config.chapters():
+        return name
+    found = {notebook.nbgrader_meta(c).get("grade_id") for c in nb.cells}
+    for chapter in config.chapters():
+        if {ex.name for ex in notebook.exercises(notebook.read(config.solution_path(chapter)))} & found:
+            return chapter
+    return None
+
+
+def _answers(nb) -> dict[str, str]:
+    """Each exercise's answer cell in the submission (the first cell with its grade id)."""
+    out: dict[str, str] = {}
+    for cell in nb.cells:
+        meta = notebook.nbgrader_meta(cell)
+        if cell.cell_type == "code" and meta.get("solution") and not meta.get("grade"):
+            out.setdefault(meta.get("grade_id", ""), cell.source)
+    return out
+
+
+def _confined(cmd: list[str], stdin: str, limits: Limits, sandboxed: bool, cwd: str | None
+              ) -> tuple[str, str | None, list[str]]:
+    """Run ``cmd`` in a new sandbox (or, unsandboxed, in ``cwd``) under ``limits`` watched from here;
+    returns its standard output, why it failed (or None) and the limits it passed."""
+    if sandboxed:
+        # kept alive by the watchdog: bubblewrap, its init, the process
+        cmd, keep, tmpfs, cwd = sandbox_command(limits) + cmd, 3, (WORKDIR, "/tmp"), "/"
+    else:
+        keep, tmpfs = 1, ()
+    wall = limits.notebook_s + 120  # the process stops itself at notebook_s; this is a backstop
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=cwd or tempfile.gettempdir(), start_new_session=True)
+    watchdog = Watchdog(proc.pid, limits, keep, tmpfs)
+    watchdog.start()
+    try:
+        out, err = proc.communicate(stdin, timeout=wall)
+    except subprocess.TimeoutExpired:
+        out, err = "", f"grading stopped after {wall} s"
+    finally:
+        watchdog.done.set()
+        for pid in reversed(_tree(proc.pid)):
+            _kill(pid)
+        proc.wait()
+    if proc.returncode != 0 and not out.strip():
+        last = err.strip().splitlines()[-1][:300] if err.strip() else f"exit status {proc.returncode}"
+        return "", f"the grading process failed: {last}", watchdog.reasons
+    return out, None, watchdog.reasons
+
+
+def _judge_cells(nb, key: dict, results: dict, failure: str | None, reasons: list[str]) -> dict:
+    """Put each exercise's verdict in its test cell (the only output a test cell has) and return
+    the report: flags from the graded runs and notes on limits reached."""
+    flags, notes = [], []
+    for cell in nb.cells:  # a graded cell that no exercise of the key pairs with earns nothing
+        if cell.cell_type == "code" and notebook.nbgrader_meta(cell).get("grade"):
+            cell.outputs = [_error("GradingError", f"no answer key for this cell: {failure or 'not an exercise'}")]
+    cells = {notebook.nbgrader_meta(c).get("grade_id"): c for c in nb.cells
+             if c.cell_type == "code" and notebook.nbgrader_meta(c).get("grade")}
+    for name in key:
+        cell = cells.get(name + config.TEST_SUFFIX)
+        if cell is None:
+            continue
+        result = results.get(name)
+        if result is None:
+            result = {"checks": [], "error": failure or "no result came back from the graded run"}
+        elif reasons and "killed" in str(result.get("error")):
+            result["error"] += f"; the last limit the submission passed: {reasons[-1]}"
+        problem = verdicts.judge(key[name], result)
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"{name}: all tests passed\n")
+                        ] if problem is None else [_error("AssertionError", problem)]
+        flags += [f"{name}: {event}" for event in (result.get("events") or [])[:10] if isinstance(event, str)]
+        if "time limit" in str(result.get("error")) or "ran past" in str(result.get("error")):
+            notes.append(f"{name}: {str(result.get('error'))[:200]}")
+    if any(o.get("ename") == "NotebookTimeLimit" for c in nb.cells if c.cell_type == "code"
+           for o in c.get("outputs", [])):
+        notes.append("the notebook's time limit stopped the run of its cells for feedback")
+    return {"flags": flags, "notes": notes}
+
+
+def _write_report(folder: str, resources, report: dict) -> None:
+    student = (resources.get("nbgrader") or {}).get("student")
+    if folder and student:
+        path = Path(folder) / f"{student}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, ensure_ascii=False), encoding="utf-8")
 
 
 def _explain_deaths(nb, reasons: list[str]):
@@ -331,15 +430,6 @@ def _explain_deaths(nb, reasons: list[str]):
     if unstarted and reasons:  # a limit still passed may be why
         unstarted[0].evalue += f"; the last limit the submission passed: {reasons[-1]}"
         unstarted[0].traceback = [f"KernelStartError: {unstarted[0].evalue}"]
-    return nb
-
-
-def _failed(nb, message: str):
-    """Mark every test cell as failed (no points), keeping the notebook for feedback."""
-    for cell in nb.cells:
-        if cell.cell_type == "code" and notebook.nbgrader_meta(cell).get("grade"):
-            cell.outputs = [nbformat.v4.new_output("error", ename="GradingError", evalue=message,
-                                                   traceback=[message])]
     return nb
 
 
@@ -513,16 +603,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sandboxed", action="store_true", help="this worker runs in bubblewrap")
     parser.add_argument("--skip", default="", help="indices of code cells not to run, comma-separated")
     args = parser.parse_args(argv)
-    from . import guard  # imports torch: not needed by the grader outside the sandbox
-
     _confine_self(args.memory, args.processes)
     nb = nbformat.reads(sys.stdin.read(), as_version=4)
-    with tempfile.TemporaryDirectory(prefix="course-kernels-") as kernels:
-        os.environ["JUPYTER_PATH"] = kernels
-        name = guard.install_kernelspec(Path(kernels))
-        nb = execute(nb, args.timeout or config.cell_timeout(), os.getcwd(), args.notebook_timeout,
-                     kernel_name=name, kernel_env=guard.environment(nb), sandboxed=args.sandboxed,
-                     skip=frozenset(int(i) for i in args.skip.split(",") if i))
+    nb = execute(nb, args.timeout or config.cell_timeout(), os.getcwd(), args.notebook_timeout,
+                 sandboxed=args.sandboxed, skip=frozenset(int(i) for i in args.skip.split(",") if i))
     sys.stdout.write(nbformat.writes(nb))
     return 0
 

@@ -390,7 +390,8 @@ SUSPICIOUS_IMPORTS = {"gc", "ctypes", "inspect", "importlib", "threading", "_thr
 MECHANISMS = {"inspect", "traceback", "threading", "_thread", "code", "codeop", "runpy", "pdb", "bdb", "cgitb",
               "trace", "profile", "cProfile", "dis", "types", "functools", "operator", "contextlib", "signal",
               "concurrent", "asyncio", "multiprocessing", "copy", "copyreg", "pickle", "weakref", "gc", "ctypes",
-              "importlib", "pkgutil", "zipimport", "timeit", "linecache", "tokenize", "io", "_io"}
+              "importlib", "pkgutil", "zipimport", "timeit", "linecache", "tokenize", "io", "_io", "os",
+              "subprocess", "pty", "shutil"}
 
 
 def _library_dirs() -> tuple[str, ...]:
@@ -448,7 +449,9 @@ def _install_hook(fd: int, trusted: tuple[str, ...]) -> None:
     def refuse(event: str, where: str) -> None:
         if where:
             report(event, where)
-            raise PermissionError(f"{event} is not allowed while an answer is graded")
+            message = f"{event} is not allowed while an answer is graded"
+            # CPython cancels a new audit hook, silently, only on a RuntimeError
+            raise RuntimeError(message) if event == "sys.addaudithook" else PermissionError(message)
 
     def hook(event: str, args) -> None:
         if busy[0]:
@@ -551,8 +554,10 @@ def judge(key: list[dict], result) -> str | None:
             actual = wire.decode(got["actual"])
         except wire.WireError as e:
             return f"{want['what']}: the answer's value could not be read ({e})"
+        # an observation that failed is described by the graded run (what it saw), others by the key
+        what = str(got.get("what"))[:1000] if want["kind"] == "true" and got.get("what") else want["what"]
         try:
-            checks.JUDGES[want["kind"]](actual, wire.decode(want["expected"]), want["what"],
+            checks.JUDGES[want["kind"]](actual, wire.decode(want["expected"]), what,
                                         **_params_from_data(want["params"]))
         except AssertionError as e:
             return str(e)

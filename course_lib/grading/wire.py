@@ -61,13 +61,13 @@ def encode(value, _depth: int = 0, _budget: list | None = None):
         return value if abs(value) < 2**53 else {"int": str(value)}
     if kind is float:
         return _float(value)
+    if kind is torch.Size:
+        return {"size": [int(n) for n in value]}
     if isinstance(value, (list, tuple)):  # a subclass (a named tuple) travels as its base type
         items = [encode(v, _depth + 1, budget) for v in value]
         return items if isinstance(value, list) else {"tuple": items}
     if isinstance(value, dict):  # Counter, defaultdict...: a dict
         return {"dict": [[encode(k, _depth + 1, budget), encode(v, _depth + 1, budget)] for k, v in value.items()]}
-    if kind is torch.Size:
-        return {"size": [int(n) for n in value]}
     if kind is torch.dtype:
         return {"dtype": str(value).removeprefix("torch.")}
     if isinstance(value, torch.Tensor):

@@ -1,6 +1,7 @@
 """The graders' self-test, per chapter: the references and every correct answer of the acceptance
-catalogue pass, at least 90% of the mutants fail, and every verdict is the same under each setting
-of the matrix (1 and 2 threads, native and portable CPU kernels, other global seeds)."""
+catalogue pass, at least 90% of the mutants fail, every verdict is the same under each setting
+of the matrix (1 and 2 threads, native and portable CPU kernels, other global seeds), and the same
+as the verdict of a graded run judged against the answer key."""
 
 from __future__ import annotations
 
@@ -65,6 +66,19 @@ def test_the_visible_tests_alone_catch_at_least_75_percent_of_the_mutants(chapte
 def test_every_verdict_is_the_same_in_every_setting(chapter):
     split = mutants.disagreements(matrix_runs(chapter))
     assert not split, "\n".join(split)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_graded_runs_judged_against_the_answer_key_give_the_in_process_verdicts(chapter):
+    """How submissions are graded (each answer's tests recorded as data, the references left out,
+    judged against the key made from the instructor's notebook) agrees with the self-check's way
+    (the tests judging in the answer's own process) on every answer of both catalogues."""
+    in_process = next(iter(matrix_runs(chapter).values()))
+    recorded = mutants.grade_recorded(chapter)
+    differ = [f"{a.kind} {a.grade_id} ({a.why}): in process {'fails' if b.failed else 'passes'}, recorded "
+              f"{'fails' if a.failed else 'passes'} {a.detail}" for a, b in zip(recorded, in_process, strict=True)
+              if a.failed != b.failed]
+    assert not differ, "\n".join(differ)
 
 
 def test_answer_entries_replace_the_solution_body_at_its_indentation():

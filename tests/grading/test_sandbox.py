@@ -11,8 +11,8 @@ import time
 import nbformat
 import pytest
 
-from course_lib.grading import config, sandbox
-from tests.conftest import ROOT, skip_or_fail
+from course_lib.grading import config, notebook, sandbox
+from tests.conftest import CHAPTERS, ROOT, skip_or_fail
 
 
 def _notebook(*sources, setup=()):
@@ -141,12 +141,15 @@ def test_the_watchdog_counts_the_whole_tree_and_spares_the_worker(limit, code, r
 
 def test_grading_refuses_without_a_sandbox_unless_allowed(tmp_path, monkeypatch):
     monkeypatch.setattr(sandbox, "unavailable", lambda: "bubblewrap (bwrap) is not installed")
-    nb = _notebook("print(6 * 7)")
+    nb = notebook.read(config.student_path(CHAPTERS[0]))  # untouched: every exercise fails
+    nb.cells.append(nbformat.v4.new_code_cell("print(6 * 7)"))
     with pytest.raises(RuntimeError, match="refusing to grade: bubblewrap"):
         sandbox.SandboxedExecute(timeout=10).preprocess(nb, {"metadata": {"path": str(tmp_path)}})
     step = sandbox.SandboxedExecute(timeout=10, allow_unsandboxed=True)
     out, _ = step.preprocess(nb, {"metadata": {"path": str(tmp_path)}})
-    assert _texts(out.cells[1])[0] == "42\n"
+    assert _texts(out.cells[-1])[0] == "42\n"
+    for ex in notebook.exercises(out):
+        assert "NotImplementedError" in out.cells[ex.test_cell].outputs[0].evalue
 
 
 def _test_cell(source: str, grade_id: str):

@@ -1,0 +1,238 @@
+"""Verdicts from data: the wire format, the two sides of a test cell, the judge, and graded runs
+whose answers try to reach the references or forge their record."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib.grading import checks, config, notebook, verdicts, wire
+from tests.conftest import CHAPTERS
+
+# --- wire ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [
+    None, True, 3, -(2**70), 1.5, float("inf"), "text", [1, [2, "a"]], (1, (2.5,)), {"a": 1, (1, 2): [3]},
+    torch.Size([2, 3]), torch.float32, np.float32(1.25), np.arange(6, dtype=np.int32).reshape(2, 3),
+])
+def test_plain_values_come_back_as_they_were(value):
+    back = wire.decode(json.loads(json.dumps(wire.encode(value))))
+    assert type(back) is type(value)
+    if isinstance(value, np.ndarray):
+        assert np.array_equal(back, value) and back.dtype == value.dtype
+    else:
+        assert back == value
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool])
+def test_tensors_keep_values_dtype_shape_and_requires_grad_whatever_their_strides(dtype):
+    base = torch.randn(4, 6, generator=checks.rng(0)).to(dtype)
+    for t in (base, base.T, base[:, 1], base[1:2, 3], base[0, 0], base[:0]):
+        back = wire.decode(wire.encode(t))
+        assert type(back) is torch.Tensor and back.dtype == t.dtype and back.shape == t.shape
+        assert torch.equal(back, t)
+    grad = wire.decode(wire.encode(torch.ones(2, requires_grad=True)))
+    assert grad.requires_grad and grad.is_leaf
+
+
+def test_a_tensor_subclass_comes_back_as_a_plain_tensor_and_compares_honestly():
+    class Agreeable(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            return torch.tensor(True) if func in (torch.equal, torch.Tensor.__eq__) else \
+                super().__torch_function__(func, types, args, kwargs or {})
+
+    forged = torch.zeros(3).as_subclass(Agreeable)
+    back = wire.decode(wire.encode(forged))
+    assert type(back) is torch.Tensor
+    with pytest.raises(AssertionError, match="expected 1"):
+        checks._judge_close(back, torch.ones(3), "x")
+
+
+def test_what_cannot_travel_is_named_and_fails_its_check():
+    for value in (torch.nn.Linear(2, 2), lambda: 1, (i for i in range(3))):
+        back = wire.decode(wire.encode(value))
+        assert isinstance(back, wire.Unencodable)
+        with pytest.raises(AssertionError):
+            checks._judge_close(back, torch.zeros(2), "x")
+
+
+@pytest.mark.parametrize("data", [
+    {"tensor": "float32", "shape": [3], "grad": False, "data": base64.b64encode(b"\0" * 8).decode()},  # short
+    {"tensor": "object", "shape": [1], "grad": False, "data": ""},
+    {"tensor": "float32", "shape": [-1], "grad": False, "data": ""},
+    {"tensor": "float32", "shape": [1], "grad": False, "data": "!!!"},
+    {"tensor": "float32", "shape": [0], "grad": False, "data": "", "extra": 1},
+    {"pickle": "gASVAAAAAAAAAAA="}, {"float": "1e5"}, {"int": "12a"}, {"dict": [[1]]}, {}, 2**60,
+    {"ndarray": "object", "shape": [], "scalar": True, "data": ""},
+])
+def test_anything_malformed_is_refused(data):
+    with pytest.raises(wire.WireError):
+        wire.decode(data)
+
+
+def test_deep_nesting_is_refused():
+    deep = []
+    for _ in range(100):
+        deep = [deep]
+    with pytest.raises(wire.WireError):
+        wire.decode(deep)
+
+# --- the two sides of a test cell ----------------------------------------------------------------
+
+
+def test_the_graded_run_never_computes_a_reference_and_the_key_always_does():
+    tests = ("out = f(x)\nchecks.assert_close(out, ref(x), 'f(x)')\n"
+             "checks.assert_grads_close(f, reference=ref, inputs=[x], what='grad')\nassert out.sum() > 0, 'sum'")
+    answer = verdicts.answer_side(tests)
+    assert "ref(" not in answer and "ref," not in answer and "reference=None" in answer
+    assert "assert_true(out.sum() > 0, lambda: 'sum')" in answer and "\nassert " not in answer
+    assert answer.startswith(f"def {verdicts.TEST_FUNCTION}():")  # the tests' names are locals
+    key = verdicts.key_side(tests)
+    assert "_reference(lambda: ref(x))" in key and "_reference(lambda: ref)" in key
+
+
+def test_test_cells_that_reach_out_of_their_function_are_refused():
+    with pytest.raises(ValueError, match="global"):
+        verdicts.answer_side("global y\ny = 1")
+
+
+# --- the judge --------------------------------------------------------------------------------------
+
+
+def _key_and_record(answer: str, tests: str) -> tuple[list, dict]:
+    """Key from a reference answer ``f = abs``-style, record of ``answer``, both in this process."""
+    results = {}
+    for side, code in (("key", "def f(x):\n    return x.abs()\n"), ("record", answer)):
+        session = checks._session = verdicts.Session(recording=side == "record")
+        ns = {"torch": torch, "checks": checks, verdicts.CHECKS_NAME: checks}
+        error = None
+        try:
+            exec(code, ns)
+            exec(verdicts.answer_side(tests) if side == "record" else verdicts.key_side(tests), ns)
+        except Exception as e:  # noqa: BLE001
+            error = f"{type(e).__name__}: {e}"
+        finally:
+            checks._session = None
+        results[side] = {"checks": json.loads(json.dumps(session.entries)), "error": error}
+    return results["key"]["checks"], results["record"]
+
+
+TESTS = ("x = torch.tensor([-1.0, 2.0])\nchecks.assert_close(f(x), x.abs(), 'f(x)')\n"
+         "checks.assert_equal(f(x).shape, (2,), 'shape')\nassert f(x).sum() > 0, f'sum of {f(x)}'")
+
+
+def test_a_correct_record_passes_and_a_wrong_one_fails_with_the_keys_words():
+    key, good = _key_and_record("def f(x):\n    return torch.where(x < 0, -x, x)\n", TESTS)
+    assert len(key) == 3 and verdicts.judge(key, good) is None
+    _, bad = _key_and_record("def f(x):\n    return x\n", TESTS)
+    assert "f(x): expected 1" in verdicts.judge(key, bad)
+
+
+def test_an_answer_that_copies_the_expected_value_has_none_to_copy():
+    steal = ("def f(x):\n    import course_lib.grading.checks as c\n"
+             "    real = c.assert_close\n"
+             "    c.assert_close = lambda a, e, *r, **k: real(e, e, *r, **k)\n    return x\n")
+    key, record = _key_and_record(steal, TESTS)
+    assert verdicts.judge(key, record) is not None
+
+
+@pytest.mark.parametrize("forge", [
+    lambda r: {"checks": r["checks"][:1], "error": None},                      # shorter
+    lambda r: {"checks": r["checks"] + r["checks"][:1], "error": None},        # longer
+    lambda r: {"checks": r["checks"], "error": "RuntimeError: late"},          # stopped
+    lambda r: {"checks": [dict(c, kind="true") for c in r["checks"]], "error": None},  # another path
+    lambda r: {"checks": [dict(c, actual={"pickle": "x"}) for c in r["checks"]], "error": None},
+    lambda r: None, lambda r: {"checks": "all passed"}, lambda r: {"checks": [], "error": 3},
+])
+def test_a_missing_late_malformed_or_reordered_record_fails(forge):
+    key, good = _key_and_record("def f(x):\n    return x.abs()\n", TESTS)
+    assert verdicts.judge(key, forge(good)) is not None
+
+
+def test_a_failed_observation_is_reported_in_the_graded_runs_words():
+    key, record = _key_and_record("def f(x):\n    return -x.abs()\n",
+                                  "x = torch.tensor([-1.0, 2.0])\nassert f(x).sum() > 0, f'sum of {f(x).tolist()}'")
+    assert verdicts.judge(key, record) == "sum of [-1.0, -2.0]"
+
+
+# --- graded runs: a fresh process per exercise, an audit hook ------------------------------------
+
+HONEST = "def f(x):\n    return x.abs()\n"
+SETUP = ["import torch\nfrom course_lib.grading import checks"]
+
+
+def _graded_all(answers: dict[str, str], tests: str = TESTS) -> dict[str, tuple[str | None, list[str]]]:
+    """Each answer in its own graded run (one runner for all), judged: {name: (problem, events)}."""
+    key = _key_and_record(HONEST, tests)[0]
+    req = {"recording": True, "timeout": 30, "setup": SETUP,
+           "exercises": [{"name": name, "names": ["f"], "answer": answer, "tests": verdicts.answer_side(tests)}
+                         for name, answer in answers.items()]}
+    results = verdicts._run_subprocess([sys.executable, "-m", "course_lib.grading.verdicts", "run"], req, 300)
+    return {name: (verdicts.judge(key, r), r["events"]) for name, r in results.items()}
+
+
+def _graded(answer: str, tests: str = TESTS) -> tuple[str | None, list[str]]:
+    return _graded_all({"one": answer}, tests)["one"]
+
+
+ATTACKS = {
+    "frames": "import sys\ndef f(x):\n    return sys._getframe(1).f_locals['x'].abs()\n",
+    "frames through inspect": "import inspect\ndef f(x):\n    inspect.currentframe()\n    return x.abs()\n",
+    "gc": "import gc\ndef f(x):\n    gc.get_referrers(x)\n    return x.abs()\n",
+    "a traceback's frame": "def f(x):\n    try:\n        1 / 0\n    except ZeroDivisionError as e:\n"
+                           "        e.__traceback__.tb_frame.f_back\n    return x.abs()\n",
+    "ctypes": "import ctypes\ndef f(x):\n    ctypes.pythonapi.Py_IsInitialized()\n    return x.abs()\n",
+    "a trace function": "import sys\nsys.settrace(lambda *a: None)\ndef f(x):\n    return x.abs()\n",
+    "an audit hook": "import sys\nsys.addaudithook(lambda *a: None)\ndef f(x):\n    return x.abs()\n",  # cancelled
+    "a thread": "import threading\nthreading.Thread(target=print).start()\ndef f(x):\n    return x.abs()\n",
+    "a signal handler": "import signal\nsignal.signal(signal.SIGALRM, print)\ndef f(x):\n    return x.abs()\n",
+    "a code swap": "def f(x):\n    return x.abs()\ndef g(x):\n    return x\nf.__code__ = g.__code__\n",
+    "code under a library's name": "def f(x):\n    return x.abs()\n"
+                                   "f = type(f)(f.__code__.replace(co_filename='/usr/lib/x.py'), globals())\n",
+    "a process": "import subprocess\nsubprocess.run(['true'])\ndef f(x):\n    return x.abs()\n",
+}
+
+
+HIDDEN = base64.b64encode(b"import sys\nframe = sys._getframe(0)").decode()
+OTHERS = {
+    "base64 exec": f"import base64\nexec(base64.b64decode({HIDDEN!r}))\n" + HONEST,
+    "honest": ("import collections, dataclasses, functools\nP = collections.namedtuple('P', 'a b')\n"
+               "@dataclasses.dataclass\nclass C:\n    a: int = 1\n"
+               "@torch.no_grad()\n@functools.lru_cache\ndef g(n):\n    return n\n" + HONEST),
+    "printed record": f"print({json.dumps({'name': 'printed record', 'result': {'checks': [], 'error': None}})!r})\n"
+                      "import sys\nsys.stdout.flush()\ndef f(x):\n    return x\n",
+}
+
+
+@pytest.fixture(scope="module")
+def attacked():
+    return _graded_all(ATTACKS | OTHERS)
+
+
+@pytest.mark.parametrize("name", list(ATTACKS))
+def test_introspection_is_refused_to_the_answer_and_reported(attacked, name):
+    problem, events = attacked[name]
+    if name != "an audit hook":  # CPython does not add the hook, and says nothing to the caller
+        assert problem is not None and "not allowed while an answer is graded" in problem, problem
+    assert events and all("<answer>" in e for e in events), events
+
+
+def test_code_hidden_in_a_base64_exec_is_the_answers_and_is_reported(attacked):
+    problem, events = attacked["base64 exec"]
+    assert "not allowed" in problem and any(e.startswith("exec in") for e in events), events
+    assert any("sys._getframe in <string>" in e for e in events), events
+
+
+def test_an_honest_answer_passes_with_no_event_even_using_libraries_that_introspect(attacked):
+    assert attacked["honest"] == (None, [])
+
+
+def test_what_the_answer_prints_is_never_read(attacked):
+    assert attacked["printed record"][0] is not None
