@@ -294,6 +294,8 @@ def build(zip_path: Path, ctx: Context, only: set[str] | None = None) -> dict[st
            Expected(0.0, flags="assigns torch.equal"))
     moodle("Xia Yu", 1027, _with(notebook.read(config.student_path(CHAPTER)), _forge()),
            Expected(0.0, output=["FORGE refused"]))
+    for name, lms_id, nb, flagged in verdict_attacks().values():
+        moodle(name, lms_id, nb, Expected(0.0, flags=flagged))
 
     now = time.time()
     with zipfile.ZipFile(zip_path, "w") as z:
@@ -304,3 +306,96 @@ def build(zip_path: Path, ctx: Context, only: set[str] | None = None) -> dict[st
                 data = str(ctx.grading / "gradebook.db").encode()
             z.writestr(info, data)
     return expected
+
+
+# Attacks on the verdict itself: every answer is wrong, and each student tries one family of
+# tricks in every answer cell, with names built at run time where a name would give it away.
+STREAM_FORGERY = """
+try:  # the kernel's own message stream: a result before the failure, a forged idle, then a clear
+    _ip = get_ipython()
+    _ip.display_pub.publish({"text/plain": "all tests passed"})
+    _k = _ip.kernel
+    _k.session.send(_k.iopub_socket, "status", {"execution_state": "idle"}, parent=_k.get_parent("shell"))
+    _ip.events.register("post_run_cell", lambda *a: __import__("IPython.display").display.clear_output())
+except Exception:
+    pass
+import torch as _t
+_Equal = type("_Equal", (_t.Tensor,), {"__torch_function__": classmethod(
+    lambda cls, f, types, args=(), kw=None: True if getattr(f, "__name__", "") in ("equal", "allclose", "__eq__")
+    else _t.Tensor.__torch_function__.__func__(cls, f, types, args, kw or {}))})
+"""
+RUN_TIME_NAMES = """
+import base64 as _b64
+exec(_b64.b64decode({code!r}).decode())
+"""
+_INTROSPECTION = '''
+import importlib, sys
+_gc = importlib.import_module("g" + "c")
+_frames = getattr(sys, "_get" + "frame")
+try:
+    for _o in _gc.get_referrers(sys.modules["course_lib.grading.checks"]):
+        pass
+    _frames(0)
+except Exception:
+    pass
+try:  # code under a library's file name
+    _c = compile("import sys; sys.modules['course_lib.grading.checks'].SAFETY = 1e12", "/usr/lib/python3/x.py", "exec")
+    exec(_c)
+except Exception:
+    pass
+try:  # raw memory
+    _ct = importlib.import_module("ct" + "ypes")
+    _ct.pythonapi.Py_IsInitialized()
+except Exception:
+    pass
+'''
+PATCH_CHECKS = """
+import importlib as _il
+_ch = _il.import_module("course_lib.grading." + "checks")
+setattr(_ch, "SAF" + "ETY", 1e12)  # a tolerance factor the tests read
+_real = {n: getattr(_ch, n) for n in ("assert_close", "assert_equal", "_check")}
+def _steal(*a, **k):  # while the tests run: the expected value as the answer's
+    if len(a) >= 2:
+        a = (a[1], a[1]) + a[2:]
+    return _real["assert_close"](*a, **k)
+for _n in ("assert_close", "assert_equal"):
+    setattr(_ch, _n, _steal)
+"""
+THREADS_AND_SIGNALS = """
+import threading as _th, signal as _sg, time as _tm, importlib as _il
+def _patch(*a):
+    _ch = _il.import_module("course_lib.grading.checks")
+    for _n in ("assert_close", "assert_equal", "assert_true"):
+        setattr(_ch, _n, lambda *a, **k: None)
+try:
+    _sg.signal(_sg.SIGALRM, _patch)
+    _sg.setitimer(_sg.ITIMER_REAL, 0.01, 0.01)
+except Exception:
+    pass
+try:
+    _th.Thread(target=lambda: [(_patch(), _tm.sleep(0.001)) for _ in range(10**6)], daemon=True).start()
+except Exception:
+    pass
+"""
+
+
+def _tricked(prefix: str):
+    """Every answer wrong, each answer cell starting with ``prefix``."""
+    nb = _wrong_everywhere()
+    for name in _points():
+        cell = _cell(nb, name)
+        cell.source = prefix + "\n" + cell.source
+    return nb
+
+
+def verdict_attacks() -> dict[str, tuple]:
+    """(name, lms id, notebook, the flags' words) of the students who attack the verdict."""
+    import base64
+
+    hidden = base64.b64encode(_INTROSPECTION.encode()).decode()
+    return {
+        "stream": ("Yan Zi", 1028, _tricked(STREAM_FORGERY), "get_ipython"),
+        "names at run time": ("Zed Ab", 1029, _tricked(RUN_TIME_NAMES.format(code=hidden)), "exec in <answer>"),
+        "patched checks": ("Ada Bc", 1030, _tricked(PATCH_CHECKS), ""),
+        "threads and signals": ("Bea Cd", 1031, _tricked(THREADS_AND_SIGNALS), "signal"),
+    }

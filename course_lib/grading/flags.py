@@ -7,8 +7,9 @@ AST transformers, event callbacks, custom exception handlers), the interpreter's
 hooks, frames, closures, code objects, ``gc``, ``ctypes``, ``inspect``, threads and signals),
 changes to the libraries the tests call (``F.softmax = ...``, ``setattr(torch, ...)``, ``del
 math.pi``, through any alias the notebook imports), and an answer that calls course_lib's
-reference for its own exercise. The guarded kernel (:mod:`course_lib.grading.guard`) undoes most
-of these; the flags cover what no in-process guard can, and are for a person, not a penalty.
+reference for its own exercise. No verdict depends on any of this (verdicts are judged outside
+the sandbox from data, :mod:`course_lib.grading.verdicts`, whose graded runs also report what
+their answers ran); the flags are for a person to read, not a penalty.
 
     >>> flags(nb)  # doctest: +SKIP
     ['ex_causal_mask: calls course_lib reference causal_mask', 'cell 7: uses get_ipython']

@@ -207,7 +207,10 @@ def grade_recorded(chapter: str) -> list[Verdict]:
                                        timeout=600, cwd=str(config.solution_path(chapter).parent))
     out = []
     for i, (kind, entry, _) in enumerate(answers):
-        problem = verdicts.judge(key[entry["grade_id"]], results.get(f"{i} {entry['grade_id']}"))
+        result = results.get(f"{i} {entry['grade_id']}") or {}
+        problem = verdicts.judge(key[entry["grade_id"]], result)
+        if result.get("events"):  # a correct answer that the graded run flags is a false reject too
+            problem = f"{problem or 'passes'}; flagged: {'; '.join(result['events'])}"
         out.append(Verdict(kind, entry["grade_id"], entry["why"], problem is not None, problem or ""))
     return out
 

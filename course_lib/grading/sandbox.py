@@ -1,9 +1,17 @@
-"""Execute a submission for grading so that no submission can escape, stall or break the class.
+"""Execute a submission for grading so that no submission can escape, stall, break the class or
+decide its own verdict.
 
 nbgrader's autograder is configured (``nbgrader_config.py``) to execute notebooks with
-:class:`SandboxedExecute` instead of its own ``Execute``. The notebook, with the instructor's
-tests already restored by nbgrader, goes to a worker process on standard input and comes back
-executed on standard output; no file holding hidden tests is ever visible to the student's code.
+:class:`SandboxedExecute` instead of its own ``Execute``. A submission then runs twice, each time
+in a new sandbox, and no file holding hidden tests or answer keys is ever visible to its code:
+
+1. the notebook goes to a worker process on standard input and comes back executed on standard
+   output, for the feedback and the formgrader: every cell but the test cells (and the chapter's
+   unchanged demonstrations) in one kernel;
+2. each exercise's graded run (:mod:`course_lib.grading.verdicts`): the set-up cells, that answer
+   and its tests without their references, in a fresh process, recording data; the records are
+   judged here against the chapter's answer key, and each test cell gets the verdict as its
+   only output.
 
 On Linux the worker runs in a bubblewrap sandbox that holds as root and as an ordinary user:
 
@@ -31,20 +39,15 @@ Where bubblewrap is missing or cannot create the sandbox (no user namespaces, no
 grading refuses to run and says why, unless the instructor allows unsandboxed grading
 explicitly (``--unsandboxed``; ``SandboxedExecute.allow_unsandboxed``).
 
-The kernel is :mod:`course_lib.grading.guard`'s, which restores the interpreter's hooks and the
-libraries' functions before each test cell, so that code in an answer cannot forge a verdict.
-
 The chapter's demonstrations that the submission left unchanged (training runs, figures:
 :func:`course_lib.grading.notebook.unchanged_demonstrations`, decided outside the sandbox from the
 released chapter) are not run, as in the students' self-check, and say so in their output; every
 set-up, graded, added or changed cell runs (``all_cells`` runs every cell).
 
-Inside, an error or timeout is recorded in its cell and the next cells run; if the kernel dies
+In the notebook's run, an error or timeout is recorded in its cell and the next cells run; if the kernel dies
 (``os._exit``, a crash, a limit), every process it left in the sandbox is ended, a new kernel
 starts (tried three times), the set-up cells run again and grading goes on from the next cell.
 Output beyond ``MAX_OUTPUT_CHARS`` per cell is dropped with a note.
-Only an error costs a test cell its points: warnings and other stderr output in test cells are
-kept as stdout.
 """
 
 from __future__ import annotations
@@ -462,16 +465,6 @@ def _truncate(cell) -> None:
     cell.outputs.append(nbformat.v4.new_output("stream", name="stdout", text=note))  # a note, not a failure
 
 
-def _stderr_to_stdout(cell) -> None:
-    """nbgrader gives no points for a test cell with any stderr output; a warning raised while the
-    tests ran (a deprecation in a library the answer calls, say) is not a failure, so in test cells
-    stderr becomes stdout. Only an error output costs points."""
-    if notebook.nbgrader_meta(cell).get("grade"):
-        for out in cell.outputs:
-            if out.output_type == "stream" and out.name == "stderr":
-                out.name = "stdout"
-
-
 def _error(ename: str, evalue: str):
     return nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
 
@@ -563,7 +556,6 @@ def execute(nb, timeout: int, path: str, notebook_s: int = Limits.notebook_s,
                     break
                 finally:
                     _truncate(nb.cells[index])
-                    _stderr_to_stdout(nb.cells[index])
     return nb
 
 

@@ -49,6 +49,7 @@ from pathlib import Path
 from . import config, notebook
 
 MAX_RECORD_BYTES = 64 * 2**20  # one exercise's record, as sent
+SETUP_S = 15  # beyond the cell limit, for a graded run's set-up cells and answer
 CHECKED_CALLS = {"assert_close": 1, "assert_equal": 1, "assert_grads_close": 1}  # check -> index of the reference
 TEST_FUNCTION = "__graded_tests"
 # Type names a key may ask an answer to have (``types=`` of a check).
@@ -247,7 +248,8 @@ def run(req: dict, deadline_s: float | None = None) -> dict:
             results |= {ex["name"]: {"checks": [], "events": [], "error": "not run: the notebook's time limit "
                                      "was reached"} for ex in group}
             continue
-        results |= _fork(req, group, min(2 * req["timeout"] * len(group), left))
+        # the cell's limit for the tests, and some seconds for the set-up cells and the answer
+        results |= _fork(req, group, min((req["timeout"] + SETUP_S) * len(group), left))
     return results
 
 
@@ -279,14 +281,15 @@ def _fork(req: dict, group: list[dict], timeout: float) -> dict:
         os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
     names = [ex["name"] for ex in group]
-    events, results = [], {}
+    events: dict[str, list[str]] = {name: [] for name in names}
+    results = {}
     for line in b"".join(chunks).split(b"\n"):
         try:
             message = json.loads(line)
         except ValueError:
             continue
-        if isinstance(message, dict) and "event" in message and len(events) < 100:
-            events.append(str(message["event"])[:200])
+        if isinstance(message, dict) and "event" in message and len(events.get(message.get("name"), ())) < 100:
+            events[message["name"]].append(str(message["event"])[:200])
         elif isinstance(message, dict) and message.get("name") in names and isinstance(message.get("result"), dict):
             results[message["name"]] = message["result"]
     if size > MAX_RECORD_BYTES * len(group):
@@ -299,7 +302,7 @@ def _fork(req: dict, group: list[dict], timeout: float) -> dict:
         why = "its process ended before the tests finished"
     for name in names:
         result = results.get(name) or {"checks": [], "error": f"no result came back from the tests: {why}"}
-        result["events"] = events
+        result["events"] = events[name]
         results[name] = result
     return results
 
@@ -330,10 +333,12 @@ def _child(req: dict, group: list[dict], fd: int) -> None:
     ns: dict = {"__name__": "__main__"}
     for source in setup:
         exec(compile(source, setup_file, "exec"), ns)
+    current = [""]  # the exercise whose answer runs, for the reports
     if recording:
-        _install_hook(fd, trusted=(setup_file, test_file))
+        _install_hook(fd, (setup_file, test_file), current)
     while group:
         ex = group.pop(0)
+        current[0] = ex["name"]
         session = checks._session = Session(recording=recording)
         error = None
         try:
@@ -407,7 +412,7 @@ def _is_code_file(path, library: tuple[str, ...]) -> bool:
         not os.path.realpath(name).startswith(library)
 
 
-def _install_hook(fd: int, trusted: tuple[str, ...]) -> None:
+def _install_hook(fd: int, trusted: tuple[str, ...], current: list[str]) -> None:
     """The graded run's audit hook and thread and signal guards (see the module docstring).
 
     Code is *untrusted* if it is the answer's or was compiled while untrusted code was running (an
@@ -441,10 +446,10 @@ def _install_hook(fd: int, trusted: tuple[str, ...]) -> None:
         return False
 
     def report(event: str, where: str) -> None:
-        if (event, where) not in reported:
-            reported.add((event, where))
+        if (current[0], event, where) not in reported:
+            reported.add((current[0], event, where))
             with contextlib.suppress(OSError):
-                write(fd, (json.dumps({"event": f"{event} in {where}"}) + "\n").encode())
+                write(fd, (json.dumps({"event": f"{event} in {where}", "name": current[0]}) + "\n").encode())
 
     def refuse(event: str, where: str) -> None:
         if where:

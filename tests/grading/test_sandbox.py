@@ -152,31 +152,6 @@ def test_grading_refuses_without_a_sandbox_unless_allowed(tmp_path, monkeypatch)
         assert "NotImplementedError" in out.cells[ex.test_cell].outputs[0].evalue
 
 
-def _test_cell(source: str, grade_id: str):
-    cell = nbformat.v4.new_code_cell(source)
-    cell.metadata["nbgrader"] = {"grade": True, "grade_id": grade_id, "locked": True, "points": 2,
-                                 "schema_version": 3, "solution": False, "task": False}
-    return cell
-
-
-def test_a_warning_in_a_test_cell_costs_no_points_and_an_error_does(tmp_path):
-    """nbgrader's own verdict (determine_grade) on cells the worker executed."""
-    from nbgrader.utils import determine_grade
-
-    nb = _notebook()
-    nb.cells += [
-        _test_cell("import warnings\nwarnings.warn('old API', DeprecationWarning)\nassert 1 + 1 == 2",
-                   "ex_a_test"),
-        _test_cell("import sys\nprint('a note', file=sys.stderr)\nprint('x' * 10**6)", "ex_b_test"),
-        _test_cell("import warnings\nwarnings.warn('old API', FutureWarning)\nassert 1 == 2, 'wrong'",
-                   "ex_c_test"),
-    ]
-    out = sandbox.execute(nb, timeout=30, path=str(tmp_path))
-    a, b, c = out.cells[1:]
-    assert "old API" in _texts(a)[0] and "output truncated" in _texts(b)[0]
-    assert [determine_grade(cell)[0] for cell in (a, b, c)] == [2, 2, 0]
-
-
 STRAYS = "sum('stray-{}' in open(f'/proc/{{p}}/cmdline').read() for p in os.listdir('/proc') if p.isdigit())"
 
 
