@@ -159,11 +159,23 @@ def _write_outputs(chapter: str, g: Path, students: list[str], record: dict) -> 
     return path
 
 
+# What makes a spreadsheet read a cell as a formula (OWASP, "CSV Injection").
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(value):
+    """``value`` as a CSV cell no spreadsheet runs: text starting with ``= + - @``, a tab or a
+    carriage return gets a leading ``'`` (``"=2+5" -> "'=2+5"``); numbers stay numbers."""
+    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_START) else value
+
+
 def write_grades_csv(chapter: str, students: list[str], grading_dir: Path, record: dict) -> Path:
     """One row per student: name and LMS id (from collect), points per autograded exercise and per
     written question (empty until graded by hand in the formgrader), the autograded sum and
     maximum, the overall ones, the problem that stopped grading (then every score is 0), the
-    repairs made to the notebook's metadata and the flags for a person to read."""
+    repairs made to the notebook's metadata and the flags for a person to read. Names, problems and
+    every other text come from students' files: each text cell is :func:`spreadsheet_safe` and
+    quoted, so that no cell is a formula and no separator in a text starts a new cell."""
     from nbgrader.api import Gradebook, MissingEntry
 
     nb = notebook.read(config.solution_path(chapter))
@@ -198,9 +210,9 @@ def write_grades_csv(chapter: str, students: list[str], grading_dir: Path, recor
     with path.open("w", newline="", encoding="utf-8") as f:
         fields = ["student", "name", "lms_id", "chapter", *exercises, *written, "autograded",
                   "autograded_max", "total", "max", "problem", "notes", "flags"]
-        writer = csv.DictWriter(f, fieldnames=fields)
+        writer = csv.DictWriter(f, fieldnames=fields, quoting=csv.QUOTE_NONNUMERIC)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: spreadsheet_safe(v) for k, v in row.items()} for row in rows)
     return path
 
 
