@@ -1,14 +1,19 @@
-"""grades.csv: text that students control (names, problems) never runs in a spreadsheet."""
+"""grades.csv: text that students control (names, problems) never runs in a spreadsheet, and a
+problem says why in words, with nothing of the host."""
 
 from __future__ import annotations
 
 import csv
+import re
+import shutil
+import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 
-from course_lib.grading import collect, grade
-from tests.conftest import CHAPTERS
+from course_lib.grading import collect, config, grade
+from tests.conftest import CHAPTERS, ROOT
 
 CHAPTER = CHAPTERS[0]
 
@@ -41,3 +46,39 @@ def test_every_text_cell_of_grades_csv_is_safe(tmp_path):
         assert (row["problem"], row["notes"], row["flags"]) == ("'\tx", "'+1 repaired", "'@A1;=1+2")
     line = next(t for t in path.read_text(encoding="utf-8").splitlines() if "1003" in t)
     assert line.startswith('"\'-12_1003","\'-1+2","1003",') and ",0.0,0.0," in line  # numbers unquoted
+
+
+def test_a_grader_failure_names_its_cause_in_words_without_host_paths(tmp_path):
+    grading = tmp_path / "My Course" / "grading"  # a host path with a space
+    where = f"{grading}/submitted/jdoe/{CHAPTER}"
+    log = (f"nbgrader autograde {CHAPTER} failed:\n"
+           f"[AutogradeApp | ERROR] There was an error processing assignment: {where}\n"
+           "[AutogradeApp | ERROR] Traceback (most recent call last):\n"
+           f'      File "{sys.prefix}/lib/python3.11/site-packages/nbgrader/x.py", line 3, in f\n'
+           f"    KeyError: '{where}/{CHAPTER}.ipynb'\n\n"
+           "    During handling of the above exception, another exception occurred:\n\n"
+           "    Traceback (most recent call last):\n"
+           f'      File "{ROOT}/course_lib/x.py", line 1, in g\n'
+           f"    nbgrader.converters.base.NbGraderException: cannot read {where}/x.ipynb, nor "
+           f"{Path.home()}/.jupyter or /etc/jupyter/nbgrader_config.py; {'the notebook is broken ' * 20}\n"
+           "[AutogradeApp | ERROR] Please see the the above traceback for details.\n")
+    cause = grade.failure_cause(log, grading)
+    start = "NbGraderException: cannot read <path>, nor <path> or <path>; the notebook is broken "
+    assert cause.startswith(start) and cause.endswith(" broken …") and len(cause) <= 200, cause
+    assert not re.search(r"/\w", cause)  # no path left, not even a piece of one
+    short = grade.failure_cause(log.replace("the notebook is broken " * 20, "that is all"), grading)
+    assert short.endswith("; that is all (while handling KeyError: '<path>')"), short
+
+
+def test_a_real_grader_failure_reaches_grades_csv_in_words(tmp_path):
+    """nbgrader fails on a timestamp.txt it cannot read (before any of the notebook runs)."""
+    grading = tmp_path / "grading"
+    folder = grading / "submitted" / "jdoe" / CHAPTER
+    folder.mkdir(parents=True)
+    shutil.copy(config.student_path(CHAPTER), folder)
+    (folder / "timestamp.txt").write_text("yesterday at /etc/passwd o'clock")
+    path = grade.grade(CHAPTER, grading, unsandboxed=True)
+    with path.open(encoding="utf-8") as f:
+        problem = next(csv.DictReader(f))["problem"]
+    assert problem.startswith("autograding failed: ") and "yesterday at <path> o'clock" in problem, problem
+    assert "/etc" not in problem and str(tmp_path) not in problem and len(problem) < 250
