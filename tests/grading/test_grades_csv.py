@@ -70,15 +70,23 @@ def test_a_grader_failure_names_its_cause_in_words_without_host_paths(tmp_path):
     assert short.endswith("; that is all (while handling KeyError: '<path>')"), short
 
 
-def test_a_real_grader_failure_reaches_grades_csv_in_words(tmp_path):
-    """nbgrader fails on a timestamp.txt it cannot read (before any of the notebook runs)."""
+def test_problems_of_collect_and_of_a_real_grader_failure_reach_grades_csv_in_words(tmp_path):
+    """Two notebooks of one student at one time, and a timestamp.txt nbgrader cannot read (it
+    fails before any of the notebook runs)."""
     grading = tmp_path / "grading"
-    folder = grading / "submitted" / "jdoe" / CHAPTER
+    export = tmp_path / "e.zip"
+    with zipfile.ZipFile(export, "w") as z:
+        for answer in ("right", "wrong"):
+            z.writestr(f"HW1_jdoe_attempt_2026-11-20-10-00-00_{answer}.ipynb", answer)
+    collect.collect(CHAPTER, export, grading)
+    folder = grading / "submitted" / "ts" / CHAPTER
     folder.mkdir(parents=True)
     shutil.copy(config.student_path(CHAPTER), folder)
     (folder / "timestamp.txt").write_text("yesterday at /etc/passwd o'clock")
     path = grade.grade(CHAPTER, grading, unsandboxed=True)
     with path.open(encoding="utf-8") as f:
-        problem = next(csv.DictReader(f))["problem"]
+        problems = {row["student"]: row["problem"] for row in csv.DictReader(f)}
+    assert problems["jdoe"].startswith("2 notebooks submitted at the same time")
+    problem = problems["ts"]
     assert problem.startswith("autograding failed: ") and "yesterday at <path> o'clock" in problem, problem
     assert "/etc" not in problem and str(tmp_path) not in problem and len(problem) < 250
