@@ -19,8 +19,9 @@ Canvas        ``doejane_12345_67890_nb.ipynb`` (``late_`` allowed)    ``doejane_
 a folder      ``jdoe/anything.ipynb``                                 ``jdoe``
 ============  =====================================================  =======================
 
-Names keep their letters in any script (``王小明_1235``, ``Zoë_Ørsted_1234``); two raw names
-that give the same folder are kept apart as ``X``, ``X-2``, ... and reported.
+Names keep their letters in any script (``王小明_1235``, ``Zoë_Ørsted_1234``); a control character
+in a name (a newline, a right-to-left override) becomes a space. Two raw names that give the same
+folder are kept apart as ``X``, ``X-2``, ... and reported.
 
 What this module guarantees, for a hostile export and a collector running as root:
 
@@ -29,7 +30,8 @@ What this module guarantees, for a hostile export and a collector running as roo
   ``..`` or an absolute path are refused, and at most ``MAX_NOTEBOOK_BYTES`` are read per file;
 - every student in the export gets a row and a folder ``<grading>/submitted/<student>/<chapter>/``,
   holding ``<chapter>.ipynb`` (the latest notebook by the LMS's timestamp, else the zip entry's
-  date, else the file's mtime; ties by name), or empty with the problem said in the manifest;
+  date, else the file's mtime), or empty with the problem said in the manifest; latest notebooks
+  of one time that differ are such a problem, never a choice;
 - writes under the grading folder never pass through a symlink (a graded submission could have
   planted one), and a re-collect starts from an emptied ``<student>/<chapter>/`` folder;
 - ``<grading>/collected/<chapter>.json`` (see ``manifest``) lists every student of the export
@@ -55,6 +57,7 @@ from pathlib import Path, PurePosixPath
 from . import config
 
 MAX_NOTEBOOK_BYTES = 20 * 1024 * 1024  # a real notebook is far smaller; more is an attack or a mistake
+MAX_TIED = 10  # more of a student's notebooks with one time are no accident: a problem, unread
 PATTERNS = {
     "blackboard": r"^.+?_(?P<id>[^_]+)_attempt_(?P<timestamp>[0-9-]+)_.+$",
     "moodle": r"^(?P<student>.+?)_(?P<id>\d+)_assignsubmission_file(?:_.*)?$",
@@ -75,6 +78,17 @@ class Student:
         if self.lms_id is not None and self.lms_id != self.name:
             parts.append(_cut(normalise(self.lms_id), 60))
         return "_".join(p for p in parts if p) or "unknown"
+
+
+# Characters that would break a name's line or reorder its text: controls (newline, tab, escape),
+# line and paragraph separators, bidirectional overrides and isolates.
+UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def readable(text: str) -> str:
+    """``text`` in NFC with a space for each character that would break its line or reorder it:
+    ``"Jane\\nDoe" -> "Jane Doe"``."""
+    return UNPRINTABLE.sub(" ", unicodedata.normalize("NFC", text))
 
 
 def normalise(name: str) -> str:
@@ -100,7 +114,7 @@ def _timestamp(text: str | None) -> datetime | None:
 
 def _match(name: str, patterns: list[str]) -> tuple[Student, datetime | None] | None:
     for p in patterns:
-        m = re.match(p, unicodedata.normalize("NFC", name))
+        m = re.match(p, readable(name))
         if m:
             found = m.groupdict()
             if "student" not in found and "id" not in found:
@@ -112,7 +126,7 @@ def _match(name: str, patterns: list[str]) -> tuple[Student, datetime | None] | 
 
 def _folder_student(name: str) -> tuple[Student, datetime | None]:
     """A Moodle folder ``Jane Doe_1234_assignsubmission_file_``, else any folder name as is."""
-    return _match(name, list(PATTERNS.values())) or (Student(unicodedata.normalize("NFC", name), None), None)
+    return _match(name, list(PATTERNS.values())) or (Student(readable(name), None), None)
 
 
 def student_of(relpath: str, pattern: str | None = None,
@@ -248,7 +262,7 @@ class Report:
     students: dict[str, dict] = field(default_factory=dict)  # folder -> manifest row
     unmatched: list[str] = field(default_factory=list)  # notebooks matching no student
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (file, why it was not used)
-    superseded: list[str] = field(default_factory=list)  # older notebooks of a student
+    superseded: list[str] = field(default_factory=list)  # older notebooks of a student, and copies
     renamed: list[str] = field(default_factory=list)  # folders given a -2, -3, ... suffix
 
     @property
@@ -259,10 +273,10 @@ class Report:
     def lines(self) -> list[str]:
         out = [f"Collected {len(self.collected)} students."]
         out += [f"  {k}: {row['problem']}" for k, row in self.students.items() if row["problem"]]
-        out += [f"  two students share a folder name, kept apart as: {k}" for k in self.renamed]
-        out += [f"  could not match a student to: {f}" for f in self.unmatched]
-        out += [f"  {why}, skipped: {f}" for f, why in self.skipped]
-        out += [f"  superseded by a later file: {f}" for f in self.superseded]
+        out += [f"  two students share a folder name, kept apart as: {readable(k)}" for k in self.renamed]
+        out += [f"  could not match a student to: {readable(f)}" for f in self.unmatched]
+        out += [f"  {why}, skipped: {readable(f)}" for f, why in self.skipped]
+        out += [f"  superseded by a later or identical file: {readable(f)}" for f in self.superseded]
         return out
 
 
@@ -329,33 +343,52 @@ def _folders(files: dict[Student, list[Entry]], earlier: dict[str, dict],
 
 def _file_one(student: Student, entries: list[Entry], grading_dir: Path, key: str, chapter: str,
               report: Report) -> dict:
-    """Copy the student's latest notebook into their folder; return their manifest row."""
+    """Copy the student's latest notebook into their folder; return their manifest row. Latest
+    notebooks of the same time that differ are a problem for a person, never a guess."""
+    def when(e: Entry) -> datetime:
+        return e.time or datetime.min
+
     notebooks = sorted((e for e in entries if e.problem is None and e.rel.lower().endswith(".ipynb")),
-                       key=lambda e: (e.time or datetime.min, e.rel))
+                       key=lambda e: (when(e), e.rel))
     report.skipped += [(e.rel, e.problem or "not a notebook") for e in entries if e not in notebooks]
-    report.superseded += [e.rel for e in notebooks[:-1]]
-    latest = notebooks[-1] if notebooks else None
+    tied = [e for e in notebooks if when(e) == when(notebooks[-1])]
+    report.superseded += [e.rel for e in notebooks if e not in tied]
+    latest = tied[-1] if tied else None
     row = {"name": student.name, "lms_id": student.lms_id, "source": latest and latest.rel,
            "submitted_at": latest and latest.time and latest.time.isoformat(timespec="seconds"),
            "problem": None}
     if latest is None:
         found = [PurePosixPath(e.rel).name + (f" ({e.problem})" if e.problem else "") for e in entries]
-        row["problem"] = f"no notebook in the submission (found: {', '.join(found[:5])}" + (
-            f" and {len(found) - 5} more)" if len(found) > 5 else ")")
+        row["problem"] = f"no notebook in the submission (found: {_some(found)})"
     try:
         folder = _fresh_dir(grading_dir, "submitted", key, chapter)
         try:
             if latest is not None:
-                data = _read_bounded(latest)
-                if data is None:
+                # A student's thousand copies are not read: never more than MAX_TIED files.
+                data = _read_bounded(latest) if len(tied) <= MAX_TIED else None
+                why = (f"more than {MAX_TIED}" if len(tied) > MAX_TIED else
+                       "they differ" if any(_read_bounded(e) != data for e in tied[:-1]) else None)
+                if why:
+                    row["source"] = None
+                    row["problem"] = (f"{len(tied)} notebooks submitted at the same time "
+                                      f"({_some([e.rel for e in tied])}), {why}: remove all but the "
+                                      "one to grade from the export, then collect again")
+                elif data is None:
                     row["problem"] = f"the notebook is larger than {MAX_NOTEBOOK_BYTES // 2**20} MB"
                 else:
                     _write_new(folder, f"{chapter}.ipynb", data)
+                    report.superseded += [e.rel for e in tied[:-1]]  # the same notebook again
         finally:
             os.close(folder)
     except Exception as e:  # noqa: BLE001 (one student's broken file never stops the others)
         row["problem"] = f"could not file the notebook ({type(e).__name__}: {str(e)[:200]})"
     return row
+
+
+def _some(names: list[str], shown: int = 5) -> str:
+    """``"a, b, c, d, e and 2 more"``, readable whatever the names hold."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return readable(", ".join(names[:shown])) + more
 
 
 def _safe_dir(base: Path, *parts: str, create: bool = True) -> int:

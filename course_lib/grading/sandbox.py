@@ -23,17 +23,19 @@ On Linux the worker runs in a bubblewrap sandbox that holds as root and as an or
   and ``_config.yml``. The rest of the host (``solutions/``, ``tests/``, the grading folder,
   other checkouts, ``/root``, ``/etc/shadow``) does not exist inside;
 - a clean environment (``--clearenv``), a private ``/proc`` and ``/dev``;
-- only two writable places, both size-limited tmpfs: the working folder ``/submission`` (a copy
-  of nothing: the notebook arrives on stdin) and ``/tmp``.
+- only three writable places, all size-limited tmpfs: the working folder ``/submission`` (a copy
+  of nothing: the notebook arrives on stdin), ``/tmp`` and ``/dev/shm`` (the rest of ``/dev`` is
+  read-only).
 
 Limits hold for the whole submission, not per process (:class:`Limits`): a watchdog outside the
-sandbox adds up the memory of all its processes and its tmpfs, counts its processes and their
-CPU time, and kills the kernel's processes when one limit is passed; the worker records that
-cell as failed with the reason, starts a new kernel and goes on. Each cell has the course's
-per-cell limit and the notebook one wall-clock limit (``Limits.notebook_s``) that does not grow
-with the number of cells: a cell that ignores interrupts is killed at its limit, cells not
-reached by the notebook's limit are marked so, and the student keeps the points earned
-elsewhere. When the sandbox ends every process in it ends (pid namespace, ``--die-with-parent``).
+sandbox adds up the memory of all its processes, its tmpfs and the deleted files they hold open
+(memfd files too), counts its processes and their CPU time, and kills the kernel's processes
+when one limit is passed; the worker records that cell as failed with the reason, starts a new
+kernel and goes on. Each cell has the course's per-cell limit and the notebook one wall-clock
+limit (``Limits.notebook_s``) that does not grow with the number of cells: a cell that ignores
+interrupts is killed at its limit, cells not reached by the notebook's limit are marked so, and
+the student keeps the points earned elsewhere. When the sandbox ends every process in it ends
+(pid namespace, ``--die-with-parent``).
 
 Where bubblewrap is missing or cannot create the sandbox (no user namespaces, not Linux),
 grading refuses to run and says why, unless the instructor allows unsandboxed grading
@@ -59,6 +61,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -79,6 +82,7 @@ MAX_OUTPUT_CHARS = 100_000
 SKIPPED = ("(not run by the grader: a demonstration of the chapter, unchanged, that no test needs; "
            "`grade --all-cells` runs it)\n")
 WORKDIR = "/submission"  # the sandbox's working folder, a size-limited tmpfs
+TMPFS = (WORKDIR, "/tmp", "/dev/shm")  # every place a submission can write, each a size-limited tmpfs
 NOBODY = "65534"
 # Variables a submission may see: the thread and CPU-kernel settings the graders are tested under.
 PASSED_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
@@ -91,9 +95,9 @@ class Limits:
     """What one submission may use, all its processes and files together."""
 
     notebook_s: int = 600           # wall clock for the whole notebook, however many cells
-    memory_bytes: int = 6 * 2**30   # resident memory of every process plus both tmpfs
+    memory_bytes: int = 6 * 2**30   # memory of every process, the tmpfs, memfd and deleted files
     processes: int = 64             # kernel, worker and anything they start
-    disk_bytes: int = 512 * 2**20   # each of /submission and /tmp
+    disk_bytes: int = 512 * 2**20   # each of the TMPFS
     cpu_s: int = 1800               # CPU time of all processes (a busy kernel uses several cores)
 
 
@@ -122,8 +126,11 @@ def sandbox_command(limits: Limits = Limits()) -> list[str]:
     cmd = ["bwrap", "--unshare-all", "--unshare-user", "--uid", NOBODY, "--gid", NOBODY,
            "--disable-userns", "--cap-drop", "ALL", "--die-with-parent", "--new-session",
            "--clearenv", "--proc", "/proc", "--dev", "/dev"]
-    for place in (WORKDIR, "/tmp"):  # first: a checkout under /tmp is bound over the tmpfs
+    # Before the binds: a checkout under /tmp is bound over the tmpfs. /dev itself is a tmpfs
+    # of half the host's memory that bubblewrap leaves writable: read-only but for /dev/shm.
+    for place in TMPFS:
         cmd += ["--size", str(limits.disk_bytes), "--tmpfs", place]
+    cmd += ["--remount-ro", "/dev"]
     for kind, path in _readable():
         cmd += ["--symlink", os.readlink(path), path] if kind == "link" else ["--ro-bind", path, path]
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": WORKDIR,
@@ -163,8 +170,10 @@ class Watchdog(threading.Thread):
 
     When a limit is passed it kills every process of the tree except the first ``keep`` ones
     in start order (bubblewrap, the namespace's init and the worker), so the worker survives,
-    sees a dead kernel and goes on; ``reasons`` says why, in order. ``tmpfs`` are the sandbox's
-    own file systems, whose contents count as memory."""
+    sees a dead kernel and goes on; ``reasons`` says why, in order. Memory is what the processes
+    use (:func:`_memory`), the contents of ``tmpfs``, the sandbox's own file systems (all of
+    :data:`TMPFS`), and the deleted files they hold open (:func:`_held_files`). A file both
+    mapped and counted as a file counts twice: stricter, never looser."""
 
     interval_s = 0.05
 
@@ -195,7 +204,8 @@ class Watchdog(threading.Thread):
         lim = self.limits
         if len(tree) > lim.processes:
             return f"it started more than {lim.processes} processes"
-        memory = sum(_memory(pid) for pid in tree) + _tmpfs_used(tree[-1], self.tmpfs)
+        memory = (sum(_memory(pid) for pid in tree) + _tmpfs_used(tree, self.tmpfs)
+                  + _held_files(tree, self.tmpfs))
         if memory > lim.memory_bytes:
             return (f"it used more than {lim.memory_bytes / 2**30:g} GiB of memory "
                     "(processes and files together)")
@@ -241,16 +251,65 @@ def _memory(pid: int) -> int:
         return 0
 
 
-def _tmpfs_used(pid: int, places) -> int:
-    """Bytes used in the file systems ``places`` as process ``pid`` sees them."""
-    used = 0
-    for place in places:
+def _tmpfs_used(tree: list[int], places) -> int:
+    """Bytes used in the file systems ``places`` as the newest living process of ``tree`` sees
+    them; none while that process is in this one's mount namespace (bubblewrap before it made the
+    sandbox, or no sandbox), where they would be the host's own ``/tmp``."""
+    own = os.readlink("/proc/self/ns/mnt")
+    for pid in reversed(tree):  # a process that just ended cannot hide the files
         try:
-            st = os.statvfs(f"/proc/{pid}/root{place}")
-            used += (st.f_blocks - st.f_bfree) * st.f_frsize
+            if os.readlink(f"/proc/{pid}/ns/mnt") == own:
+                return 0
         except OSError:
-            pass
-    return used
+            continue  # gone meanwhile
+        used = 0
+        for place in places:
+            with contextlib.suppress(OSError):
+                st = os.statvfs(f"/proc/{pid}/root{place}")
+                used += (st.f_blocks - st.f_bfree) * st.f_frsize
+        return used
+    return 0
+
+
+DELETED = " (deleted)"  # how /proc names an open file without a name, memfd files included
+
+
+def _held_files(tree: list[int], counted) -> int:
+    """Bytes of the deleted files that the processes ``tree`` hold open, memfd files included:
+    memory while open, yet in no process's PSS unless mapped and on no file system's count. Each
+    file counts once, by its pages in use; not those on the tmpfs ``counted`` (``_tmpfs_used``
+    sees them) or on a read-only bind (the host's files, deleted by the host). A file not deleted
+    lies on one of the sandbox's tmpfs, each counted or size-limited."""
+    skipped = (*counted, *_bound())
+    seen, total = set(), 0
+    for pid in tree:
+        fds = f"/proc/{pid}/fd"
+        try:
+            names = os.listdir(fds)
+        except OSError:
+            continue  # gone meanwhile
+        for fd in names:
+            try:
+                target = os.readlink(f"{fds}/{fd}")  # "/memfd:x (deleted)", "socket:[12]", "/tmp/y"
+                if not target.endswith(DELETED) or _under(target.removesuffix(DELETED), skipped):
+                    continue
+                st = os.stat(f"{fds}/{fd}")  # the open file itself
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512  # a sparse file's holes hold no memory
+    return total
+
+
+@functools.cache
+def _bound() -> tuple[str, ...]:
+    """The read-only binds of the sandbox (the allow-list does not change while grading)."""
+    return tuple(path for kind, path in _readable() if kind == "bind")
+
+
+def _under(path: str, places) -> bool:
+    return any(path == p or path.startswith(p.rstrip("/") + "/") for p in places)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -356,7 +415,7 @@ def _confined(cmd: list[str], stdin: str, limits: Limits, sandboxed: bool, cwd: 
     returns its standard output, why it failed (or None) and the limits it passed."""
     if sandboxed:
         # kept alive by the watchdog: bubblewrap, its init, the process
-        cmd, keep, tmpfs, cwd = sandbox_command(limits) + cmd, 3, (WORKDIR, "/tmp"), "/"
+        cmd, keep, tmpfs, cwd = sandbox_command(limits) + cmd, 3, TMPFS, "/"
     else:
         keep, tmpfs = 1, ()
     wall = limits.notebook_s + 120  # the process stops itself at notebook_s; this is a backstop

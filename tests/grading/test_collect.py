@@ -88,7 +88,8 @@ def test_collect_a_zip_files_notebooks_and_reports_the_rest(tmp_path):
     assert "Collected 2 students." in proc.stdout
     assert "could not match a student to: orphan.ipynb" in proc.stdout
     assert "not a notebook, skipped: HW1_asmith_attempt_2026-11-20-11-00-00_notes.txt" in proc.stdout
-    assert "superseded by a later file: HW1_jdoe_attempt_2026-11-20-10-00-00_nb.ipynb" in proc.stdout
+    assert ("superseded by a later or identical file: HW1_jdoe_attempt_2026-11-20-10-00-00_nb.ipynb"
+            in proc.stdout)
     for student in ("jdoe", "asmith"):
         assert submitted(grading, student).read_bytes() == nb
     assert collect.manifest(CHAPTER, grading)["students"]["jdoe"]["submitted_at"] == "2026-11-21T09:00:00"
@@ -161,6 +162,28 @@ def test_non_latin_names_stay_readable_and_colliding_folders_stay_apart(tmp_path
     assert names == {"王小明", "Zoë Ørsted", "Zoë  Ørsted", "李雷"}
 
 
+def test_a_name_with_control_characters_gets_a_row_and_a_readable_name(tmp_path):
+    moodle = "_assignsubmission_file_nb.ipynb"
+    export = make_zip(tmp_path / "e.zip", [
+        (f"Jane\nDoe_1001{moodle}", b"1", None),
+        (f"Bo\tChen\x1b[31m_1002{moodle}", b"2", None),
+        (f"Eve\u202egnp.exe_1003{moodle}", b"3", None),  # a right-to-left override
+        ("Kim\r\nLee/nb.ipynb", b"4", None),  # a folder per student
+        ("HW1_j\ndoe_attempt_2026-11-20-10-00-00_nb.ipynb", b"5", None),
+    ])
+    grading = tmp_path / "grading"
+    report = collect.collect(CHAPTER, export, grading)
+    assert report.unmatched == [] and report.skipped == []
+    rows = collect.manifest(CHAPTER, grading)["students"]
+    assert {k: (row["name"], row["lms_id"]) for k, row in rows.items()} == {
+        "Jane_Doe_1001": ("Jane Doe", "1001"), "Bo_Chen_31m_1002": ("Bo Chen [31m", "1002"),
+        "Eve_gnp.exe_1003": ("Eve gnp.exe", "1003"), "Kim_Lee": ("Kim  Lee", None),
+        "j_doe": ("j doe", "j doe")}
+    assert {k: submitted(grading, k).read_bytes() for k in rows} == {
+        "Jane_Doe_1001": b"1", "Bo_Chen_31m_1002": b"2", "Eve_gnp.exe_1003": b"3", "Kim_Lee": b"4",
+        "j_doe": b"5"}
+
+
 def test_utf8_names_without_the_zip_utf8_flag_are_decoded(tmp_path):
     raw = "王小明_1235_assignsubmission_file_nb.ipynb".encode()
 
@@ -188,13 +211,40 @@ def test_latest_by_the_lms_date_wins_not_the_last_name_and_case_of_ipynb_does_no
     assert submitted(grading, "Jane_Doe_1234").read_bytes() == b"final"
     assert submitted(grading, "Max_Muster_42").read_bytes() == b"max"
     assert report.superseded == [f"{moodle}nb_old.ipynb"]
-    # In a folder the file's mtime decides; a tie goes to the later name.
+    # In a folder the file's mtime decides.
     (tmp_path / "f" / "bob").mkdir(parents=True)
-    for name, data, mtime in [("b.ipynb", b"old", 10), ("a.ipynb", b"new", 20), ("c.ipynb", b"tie", 20)]:
+    for name, data, mtime in [("b.ipynb", b"old", 10), ("a.ipynb", b"new", 20)]:
         (tmp_path / "f" / "bob" / name).write_bytes(data)
         os.utime(tmp_path / "f" / "bob" / name, (mtime, mtime))
     collect.collect(CHAPTER, tmp_path / "f", grading)
-    assert submitted(grading, "bob").read_bytes() == b"tie"
+    assert submitted(grading, "bob").read_bytes() == b"new"
+
+
+def test_latest_notebooks_of_one_time_that_differ_are_a_problem_not_a_guess(tmp_path):
+    board = "HW1_{}_attempt_2026-11-20-10-00-00_{}.ipynb"
+    export = make_zip(tmp_path / "e.zip", [
+        (board.format("jdoe", "right"), b"right answers", None),
+        (board.format("jdoe", "wrong"), b"wrong answers", None),  # same student, same time
+        (board.format("ann", "a"), b"same", None),
+        (board.format("ann", "b"), b"same", None),  # a copy: nothing to choose
+        ("HW1_ann_attempt_2026-11-19-10-00-00_c.ipynb", b"older", None),
+        *[(board.format("max", i), bytes([i]), None) for i in range(collect.MAX_TIED + 1)],
+    ])
+    grading = tmp_path / "grading"
+    report = collect.collect(CHAPTER, export, grading)
+    rows = collect.manifest(CHAPTER, grading)["students"]
+    assert rows["jdoe"]["problem"] == (
+        f"2 notebooks submitted at the same time ({board.format('jdoe', 'right')}, "
+        f"{board.format('jdoe', 'wrong')}), they differ: remove all but the one to grade from the "
+        "export, then collect again")
+    assert rows["jdoe"]["source"] is None and rows["jdoe"]["submitted_at"] == "2026-11-20T10:00:00"
+    assert list(submitted(grading, "jdoe").parent.iterdir()) == []  # nothing graded by a guess
+    assert f"  jdoe: {rows['jdoe']['problem']}" in report.lines()
+    assert submitted(grading, "ann").read_bytes() == b"same" and rows["ann"]["problem"] is None
+    assert sorted(report.superseded) == ["HW1_ann_attempt_2026-11-19-10-00-00_c.ipynb",
+                                         board.format("ann", "a")]
+    assert rows["max"]["problem"].startswith(f"{collect.MAX_TIED + 1} notebooks submitted at the same")
+    assert f"and 6 more), more than {collect.MAX_TIED}: remove" in rows["max"]["problem"]
 
 
 def test_folder_export_never_reads_links_fifos_or_sockets(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -106,7 +107,7 @@ print("cwd", os.getcwd(), open("mine.txt").read())
 def test_the_writable_places_are_size_limited():
     probe = """
 import os
-for place in ("/submission/big", "/tmp/big"):
+for place in ("/submission/big", "/tmp/big", "/dev/shm/big", "/dev/big"):
     try:
         with open(place, "wb") as f:
             for _ in range(64):
@@ -117,7 +118,53 @@ for place in ("/submission/big", "/tmp/big"):
 """
     proc = _inside(probe, sandbox.Limits(disk_bytes=16 * 2**20))
     assert proc.stdout.splitlines() == ["/submission/big No space left on device",
-                                        "/tmp/big No space left on device"], proc.stderr
+                                        "/tmp/big No space left on device",
+                                        "/dev/shm/big No space left on device",
+                                        "/dev/big Read-only file system"], proc.stderr
+
+
+HOLD = "import os, time\n{}\ntime.sleep(20)\nprint('survived')"
+MEMFD = "fd = os.memfd_create('held')\nfor _ in range(40):\n    os.write(fd, b'x' * 2**23)"  # 320 MiB
+
+
+@pytest.mark.parametrize("code", [
+    MEMFD,  # never mapped: in no process's PSS
+    "with open('/dev/shm/big', 'wb') as f:\n    for _ in range(40):\n        f.write(b'x' * 2**23)",
+    "f = open('/tmp/big', 'wb')\nos.unlink('/tmp/big')\nfor _ in range(40):\n    f.write(b'x' * 2**23)",
+])
+def test_the_watchdog_counts_memfd_and_every_tmpfs_of_the_sandbox(code):
+    """A kernel's child holds 320 MiB outside its PSS, under a 256 MiB limit: stopped, the worker lives."""
+    limits = sandbox.Limits(memory_bytes=256 * 2**20, disk_bytes=512 * 2**20)
+    worker = (f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {HOLD.format(code)!r}])\n"
+              "print('worker lives')")
+    if sandbox.unavailable():
+        skip_or_fail(f"no sandbox on this machine: {sandbox.unavailable()}")
+    proc = subprocess.Popen(sandbox.sandbox_command(limits) + [sys.executable, "-c", worker],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    dog = sandbox.Watchdog(proc.pid, limits, keep=3, tmpfs=sandbox.TMPFS)
+    dog.start()
+    out, err = proc.communicate(timeout=60)
+    dog.done.set()
+    assert out == "worker lives\n", err
+    assert dog.reasons == ["it used more than 0.25 GiB of memory (processes and files together)"]
+
+
+def test_held_files_count_memfd_and_deleted_files_once_by_their_pages(tmp_path):
+    code = ("import os, sys, tempfile, time\n"
+            "fd = os.memfd_create('a'); os.write(fd, b'x' * 2**23); os.dup(fd)\n"  # 8 MiB, two fds
+            "sparse = os.memfd_create('b'); os.ftruncate(sparse, 2**30)\n"  # 1 GiB of holes
+            f"f = tempfile.TemporaryFile(dir={str(tmp_path)!r}); f.write(b'y' * 2**20); f.flush()\n"
+            "print('ready', flush=True); time.sleep(30)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        assert sandbox._held_files([proc.pid], ()) == 9 * 2**20
+        assert sandbox._held_files([proc.pid, proc.pid], (str(tmp_path),)) == 8 * 2**20  # counted tmpfs
+    finally:
+        proc.kill()
+        proc.wait()
+    # Outside the sandbox's mount namespace there is no sandbox tmpfs: never the host's /tmp.
+    assert sandbox._tmpfs_used([os.getpid()], ("/tmp",)) == 0
 
 
 @pytest.mark.parametrize("limit, code, reason", [

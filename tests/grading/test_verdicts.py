@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.grading import checks, config, notebook, verdicts, wire
-from tests.conftest import CHAPTERS
+from course_lib.grading import checks, verdicts, wire
 
 # --- wire ----------------------------------------------------------------------------------------
 

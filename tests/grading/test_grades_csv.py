@@ -1,0 +1,92 @@
+"""grades.csv: text that students control (names, problems) never runs in a spreadsheet, and a
+problem says why in words, with nothing of the host."""
+
+from __future__ import annotations
+
+import csv
+import re
+import shutil
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from course_lib.grading import collect, config, grade
+from tests.conftest import CHAPTERS, ROOT
+
+CHAPTER = CHAPTERS[0]
+
+
+@pytest.mark.parametrize("text, safe", [
+    ("=2+5", "'=2+5"), ("@SUM(1+9)", "'@SUM(1+9)"), ("-1+2", "'-1+2"), ("+1", "'+1"),
+    ("\tx", "'\tx"), ("\r=1", "'\r=1"), ("Jane Doe", "Jane Doe"), ("a=1", "a=1"), ("", ""),
+    (-1.5, -1.5), (0.0, 0.0), (None, None),
+])
+def test_formula_like_text_is_neutralised_and_numbers_stay_numbers(text, safe):
+    assert grade.spreadsheet_safe(text) == safe
+
+
+def test_every_text_cell_of_grades_csv_is_safe(tmp_path):
+    names = {"1001": "=2+5", "1002": "@SUM(1+9)", "1003": "-1+2", "1004": "+49 Ann"}
+    export = tmp_path / "export.zip"
+    with zipfile.ZipFile(export, "w") as z:
+        for lms_id, name in names.items():
+            z.writestr(f"{name}_{lms_id}_assignsubmission_file_nb.ipynb", b"{}")
+    grading = tmp_path / "grading"
+    students = sorted(collect.collect(CHAPTER, export, grading).students)
+    record = {s: {"problem": "\tx", "notes": ["+1 repaired"], "flags": ["@A1;=1+2"]} for s in students}
+    path = grade.write_grades_csv(CHAPTER, students, grading, record)
+    with path.open(encoding="utf-8", newline="") as f:
+        rows = {row["lms_id"]: row for row in csv.DictReader(f)}
+    assert {k: row["name"] for k, row in rows.items()} == {k: "'" + name for k, name in names.items()}
+    assert rows["1003"]["student"] == "'-12_1003"  # a folder name may start with "-" too
+    for row in rows.values():
+        assert not [v for v in row.values() if v.startswith(grade.FORMULA_START)], row
+        assert (row["problem"], row["notes"], row["flags"]) == ("'\tx", "'+1 repaired", "'@A1;=1+2")
+    line = next(t for t in path.read_text(encoding="utf-8").splitlines() if "1003" in t)
+    assert line.startswith('"\'-12_1003","\'-1+2","1003",') and ",0.0,0.0," in line  # numbers unquoted
+
+
+def test_a_grader_failure_names_its_cause_in_words_without_host_paths(tmp_path):
+    grading = tmp_path / "My Course" / "grading"  # a host path with a space
+    where = f"{grading}/submitted/jdoe/{CHAPTER}"
+    log = (f"nbgrader autograde {CHAPTER} failed:\n"
+           f"[AutogradeApp | ERROR] There was an error processing assignment: {where}\n"
+           "[AutogradeApp | ERROR] Traceback (most recent call last):\n"
+           f'      File "{sys.prefix}/lib/python3.11/site-packages/nbgrader/x.py", line 3, in f\n'
+           f"    KeyError: '{where}/{CHAPTER}.ipynb'\n\n"
+           "    During handling of the above exception, another exception occurred:\n\n"
+           "    Traceback (most recent call last):\n"
+           f'      File "{ROOT}/course_lib/x.py", line 1, in g\n'
+           f"    nbgrader.converters.base.NbGraderException: cannot read {where}/x.ipynb, nor "
+           f"{Path.home()}/.jupyter or /etc/jupyter/nbgrader_config.py; {'the notebook is broken ' * 20}\n"
+           "[AutogradeApp | ERROR] Please see the the above traceback for details.\n")
+    cause = grade.failure_cause(log, grading)
+    start = "NbGraderException: cannot read <path>, nor <path> or <path>; the notebook is broken "
+    assert cause.startswith(start) and cause.endswith(" broken …") and len(cause) <= 200, cause
+    assert not re.search(r"/\w", cause)  # no path left, not even a piece of one
+    short = grade.failure_cause(log.replace("the notebook is broken " * 20, "that is all"), grading)
+    assert short.endswith("; that is all (while handling KeyError: '<path>')"), short
+
+
+def test_problems_of_collect_and_of_a_real_grader_failure_reach_grades_csv_in_words(tmp_path):
+    """Two notebooks of one student at one time, and a timestamp.txt nbgrader cannot read (it
+    fails before any of the notebook runs)."""
+    grading = tmp_path / "grading"
+    export = tmp_path / "e.zip"
+    with zipfile.ZipFile(export, "w") as z:
+        for answer in ("right", "wrong"):
+            z.writestr(f"HW1_jdoe_attempt_2026-11-20-10-00-00_{answer}.ipynb", answer)
+    collect.collect(CHAPTER, export, grading)
+    folder = grading / "submitted" / "ts" / CHAPTER
+    folder.mkdir(parents=True)
+    shutil.copy(config.student_path(CHAPTER), folder)
+    (folder / "timestamp.txt").write_text("yesterday at /etc/passwd o'clock")
+    path = grade.grade(CHAPTER, grading, unsandboxed=True)
+    with path.open(encoding="utf-8") as f:
+        problems = {row["student"]: row["problem"] for row in csv.DictReader(f)}
+    assert problems["jdoe"].startswith("2 notebooks submitted at the same time")
+    problem = problems["ts"]
+    assert problem.startswith("autograding failed: ") and "yesterday at <path> o'clock" in problem, problem
+    assert "/etc" not in problem and str(tmp_path) not in problem and len(problem) < 250
