@@ -321,7 +321,8 @@ except Exception:
     pass
 import torch as _t
 _Equal = type("_Equal", (_t.Tensor,), {"__torch_function__": classmethod(
-    lambda cls, f, types, args=(), kw=None: True if getattr(f, "__name__", "") in ("equal", "allclose", "__eq__")
+    lambda cls, f, types, args=(), kw=None: True
+    if getattr(f, "__name__", "") in ("equal", "allclose", "__eq__")
     else _t.Tensor.__torch_function__.__func__(cls, f, types, args, kw or {}))})
 """
 RUN_TIME_NAMES = """
@@ -339,7 +340,8 @@ try:
 except Exception:
     pass
 try:  # code under a library's file name
-    _c = compile("import sys; sys.modules['course_lib.grading.checks'].SAFETY = 1e12", "/usr/lib/python3/x.py", "exec")
+    _c = compile("import sys; sys.modules['course_lib.grading.checks'].SAFETY = 1e12",
+                 "/usr/lib/python3/x.py", "exec")
     exec(_c)
 except Exception:
     pass
@@ -395,7 +397,8 @@ def verdict_attacks() -> dict[str, tuple]:
     hidden = base64.b64encode(_INTROSPECTION.encode()).decode()
     return {
         "stream": ("Yan Zi", 1028, _tricked(STREAM_FORGERY), "get_ipython"),
-        "names at run time": ("Zed Ab", 1029, _tricked(RUN_TIME_NAMES.format(code=hidden)), "exec in <answer>"),
+        "names at run time": ("Zed Ab", 1029, _tricked(RUN_TIME_NAMES.format(code=hidden)),
+                              "exec in <answer>"),
         "patched checks": ("Ada Bc", 1030, _tricked(PATCH_CHECKS), ""),
         "threads and signals": ("Bea Cd", 1031, _tricked(THREADS_AND_SIGNALS), "signal"),
     }

@@ -134,14 +134,6 @@ def test_a_correct_record_passes_and_a_wrong_one_fails_with_the_keys_words():
     assert "f(x): expected 1" in verdicts.judge(key, bad)
 
 
-def test_an_answer_that_copies_the_expected_value_has_none_to_copy():
-    steal = ("def f(x):\n    import course_lib.grading.checks as c\n"
-             "    real = c.assert_close\n"
-             "    c.assert_close = lambda a, e, *r, **k: real(e, e, *r, **k)\n    return x\n")
-    key, record = _key_and_record(steal, TESTS)
-    assert verdicts.judge(key, record) is not None
-
-
 @pytest.mark.parametrize("forge", [
     lambda r: {"checks": r["checks"][:1], "error": None},                      # shorter
     lambda r: {"checks": r["checks"] + r["checks"][:1], "error": None},        # longer
@@ -200,7 +192,10 @@ ATTACKS = {
 
 
 HIDDEN = base64.b64encode(b"import sys\nframe = sys._getframe(0)").decode()
+STEAL = ("import course_lib.grading.checks as c\nreal = c.assert_close\n"
+         "c.assert_close = lambda a, e, *r, **k: real(e, e, *r, **k)\ndef f(x):\n    return x\n")
 OTHERS = {
+    "copies the expected value": STEAL,
     "base64 exec": f"import base64\nexec(base64.b64decode({HIDDEN!r}))\n" + HONEST,
     "honest": ("import collections, dataclasses, functools\nP = collections.namedtuple('P', 'a b')\n"
                "@dataclasses.dataclass\nclass C:\n    a: int = 1\n"
@@ -231,6 +226,10 @@ def test_code_hidden_in_a_base64_exec_is_the_answers_and_is_reported(attacked):
 
 def test_an_honest_answer_passes_with_no_event_even_using_libraries_that_introspect(attacked):
     assert attacked["honest"] == (None, [])
+
+
+def test_an_answer_that_copies_the_expected_value_has_none_to_copy(attacked):
+    assert attacked["copies the expected value"][0] is not None
 
 
 def test_what_the_answer_prints_is_never_read(attacked):
