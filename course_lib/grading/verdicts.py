@@ -12,8 +12,9 @@ An exercise's test cell runs twice, in two processes that never meet:
    while the answer runs (inputs changed in place, the error raised, gradients). The record goes
    back through the runner's pipe. Nothing the run prints or publishes is read.
 2. **The answer key**, made once per chapter outside the sandbox from the instructor's solution
-   notebook (set-up, solution and test cells, unchanged): each check records its ``expected``
-   value and parameters (tolerance, dtype...). The solution must pass its own key.
+   notebook: the same test code on the solution, with each reference computed, records each
+   check's ``expected`` value and parameters (tolerance, dtype...). The solution must pass its own
+   key.
 
 The grader then applies :data:`checks.JUDGES` to each pair of recorded values, in its own
 process: the verdict of an exercise is "passed" only if every check of the key is matched, in
@@ -52,9 +53,6 @@ MAX_RECORD_BYTES = 64 * 2**20  # one exercise's record, as sent
 SETUP_S = 15  # beyond the cell limit, for a graded run's set-up cells and answer
 CHECKED_CALLS = {"assert_close": 1, "assert_equal": 1, "assert_grads_close": 1}  # check -> index of the reference
 TEST_FUNCTION = "__graded_tests"
-# Type names a key may ask an answer to have (``types=`` of a check).
-TYPES = {"torch.Tensor": "torch.Tensor", "int": "int", "float": "float", "bool": "bool", "list": "list",
-         "tuple": "tuple", "str": "str", "dict": "dict", "numpy.ndarray": "numpy.ndarray"}
 
 
 class NoAnswerKey(RuntimeError):
@@ -100,25 +98,29 @@ def _params_data(params: dict) -> dict:
     return out
 
 
-def _type_name(cls: type) -> str:
-    name = {"torch": "torch.Tensor", "numpy": "numpy.ndarray"}.get(cls.__module__.split(".")[0], cls.__name__)
-    if name not in TYPES:
-        raise NoAnswerKey(f"a check asks for type {cls!r}, which a key cannot hold")
-    return name
-
-
-def _params_from_data(data: dict) -> dict:
+def _types() -> dict[str, type]:
+    """The types a key may ask an answer to have (``types=`` of a check), by name."""
     import numpy as np
     import torch
 
+    return {"torch.Tensor": torch.Tensor, "int": int, "float": float, "bool": bool, "list": list,
+            "tuple": tuple, "str": str, "dict": dict, "numpy.ndarray": np.ndarray}
+
+
+def _type_name(cls: type) -> str:
+    for name, known in _types().items():
+        if cls is known:
+            return name
+    raise NoAnswerKey(f"a check asks for type {cls!r}, which a key cannot hold")
+
+
+def _params_from_data(data: dict) -> dict:
     from . import wire
 
-    classes = {"torch.Tensor": torch.Tensor, "int": int, "float": float, "bool": bool, "list": list,
-               "tuple": tuple, "str": str, "dict": dict, "numpy.ndarray": np.ndarray}
     out = {}
     for name, value in data.items():
         if name == "types" and isinstance(value, dict) and "types" in value:
-            found = tuple(classes[n] for n in value["types"])
+            found = tuple(_types()[n] for n in value["types"])
             out[name] = found[0] if len(found) == 1 else found
         else:
             out[name] = wire.decode(value)
@@ -288,9 +290,11 @@ def _fork(req: dict, group: list[dict], timeout: float) -> dict:
             message = json.loads(line)
         except ValueError:
             continue
-        if isinstance(message, dict) and "event" in message and len(events.get(message.get("name"), ())) < 100:
+        if not isinstance(message, dict) or message.get("name") not in events:
+            continue
+        if "event" in message and len(events[message["name"]]) < 100:
             events[message["name"]].append(str(message["event"])[:200])
-        elif isinstance(message, dict) and message.get("name") in names and isinstance(message.get("result"), dict):
+        elif isinstance(message.get("result"), dict):
             results[message["name"]] = message["result"]
     if size > MAX_RECORD_BYTES * len(group):
         why = "the answer's results were too large to send"
