@@ -433,8 +433,10 @@ def _confined(cmd: list[str], stdin: str, limits: Limits, sandboxed: bool, cwd: 
             _kill(pid)
         proc.wait()
     if proc.returncode != 0 and not out.strip():
-        last = err.strip().splitlines()[-1][:300] if err.strip() else f"exit status {proc.returncode}"
-        return "", f"the grading process failed: {last}", watchdog.reasons
+        from .grade import failure_cause  # in words, without the host's paths (it reaches feedback)
+
+        why = failure_cause(err, config.root()) if err.strip() else f"exit status {proc.returncode}"
+        return "", f"the grading process failed: {why}", watchdog.reasons
     return out, None, watchdog.reasons
 
 
