@@ -101,7 +101,6 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_flops.py
 	$(PY) benchmarks/bench_moe.py
 	$(PY) benchmarks/bench_lora.py
-	$(PY) benchmarks/bench_guard.py
 	$(PY) benchmarks/bench_optim.py --steps 300
 
 # The small trained model that later chapters load (course_lib.pretrained); the full recipe.

@@ -6,7 +6,8 @@ A class of generated submissions of chapter 02 (right answers, one wrong answer,
 notebooks, in turn) is graded twice in the same run, each into a fresh grading folder:
 
 1. the course's ``grade.grade``: metadata repair and flags, then ``nbgrader autograde`` per
-   student with each notebook executed in the sandbox (bubblewrap, watchdog, guarded kernel);
+   student with each notebook executed in the sandbox (bubblewrap, watchdog) for feedback and each
+   exercise's graded run in a second sandbox, judged against the answer key;
 2. plain ``nbgrader autograde`` per student, with nbgrader's own ``Execute`` (no sandbox), the
    same number of students at once.
 
