@@ -228,7 +228,7 @@ def _structured(value) -> bool:
     if not isinstance(value, (list, tuple)):
         return False
     try:
-        return np.array(value).dtype == object or np.array(value).dtype.kind in "US"
+        return np.array(value).dtype.kind in "OUS"  # objects, strings
     except ValueError:  # ragged
         return True
 
