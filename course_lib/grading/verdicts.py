@@ -391,7 +391,7 @@ REFUSED = ("sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofi
            "os.spawn", "os.fork", "os.forkpty", "subprocess.Popen", "pty.spawn",
            "cpython.PyInterpreterState_New", "cpython._PySys_ClearAuditHooks")
 REFUSED_PREFIXES = ("gc.", "ctypes.", "sys.monitoring")
-FLAGGED = ("exec", "compile", "import")
+IMPORT_MACHINERY = {"importlib", "zipimport", "pkgutil"}
 SUSPICIOUS_IMPORTS = {"gc", "ctypes", "inspect", "importlib", "threading", "_thread", "signal", "code",
                       "codeop", "marshal", "pickle", "dis", "traceback", "multiprocessing", "subprocess", "pty"}
 # Modules that hand the interpreter's machinery to whoever calls them: an event raised in one of them
@@ -476,12 +476,18 @@ def _install_hook(fd: int, trusted: tuple[str, ...], current: list[str]) -> None
                 refuse(f"importing {args[0]} again", culprit(1))
             elif event == "open" and isinstance(args[0], (str, bytes)) and _is_code_file(args[0], library):
                 refuse(f"loading code from {os.fsdecode(args[0])[-80:]}", culprit(1))
-            elif event in FLAGGED:
-                if event == "compile" and isinstance(args[1], (str, bytes)) and running_untrusted():
-                    untrusted.add(os.fsdecode(args[1]))  # what it compiles is the answer's code too
+            elif event == "import":
                 where = culprit(1)
-                if where and (event != "import" or args[0].split(".")[0] in SUSPICIOUS_IMPORTS):
-                    report(event if event != "import" else f"import of {args[0]}", where)
+                if where and args[0].split(".")[0] in SUSPICIOUS_IMPORTS:
+                    report(f"import of {args[0]}", where)
+            elif event in ("exec", "compile"):  # importing a module compiles and runs it: not the answer's
+                where = culprit(1, skip=MECHANISMS - IMPORT_MACHINERY)
+                if event == "compile" and isinstance(args[1], (str, bytes)):
+                    name = os.fsdecode(args[1])
+                    if where or running_untrusted() and not os.path.realpath(name).startswith(library):
+                        untrusted.add(name)  # what it compiles is the answer's code too
+                if where:
+                    report(event, where)
         finally:
             busy[0] = False
 
