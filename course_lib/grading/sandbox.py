@@ -354,7 +354,6 @@ class SandboxedExecute(NbGraderPreprocessor):
         chapter = _chapter(nb, resources)
         key = {} if chapter is None else verdicts.answer_key(
             chapter, Path(self.answer_keys) if self.answer_keys else None)
-        started = time.monotonic()
         # 1. The notebook for feedback and manual grading: every cell but the tests (their outputs
         # are the verdicts) and, unless all_cells, the chapter's unchanged demonstrations.
         tests = {i for i, c in enumerate(nb.cells)
@@ -369,13 +368,14 @@ class SandboxedExecute(NbGraderPreprocessor):
                                     sandboxed=why is None, cwd=resources.get("metadata", {}).get("path"))
         executed = nb if failure else _explain_deaths(nbformat.reads(out, as_version=4), _)
         # 2. The graded runs: each exercise's set-up, answer and tests in a fresh process of a new
-        # sandbox, recording data; judged here against the answer key.
+        # sandbox, recording data; judged here against the answer key. Their own wall clock: what
+        # the notebook's run took for feedback never costs a grade.
         results, run_failure, reasons = {}, "this notebook is none of the course's chapters", []
         if chapter is not None:
-            left = max(1, limits.notebook_s - int(time.monotonic() - started))
             req = verdicts.request(notebook.read(config.solution_path(chapter)), answers=_answers(nb))
             out, run_failure, reasons = _confined(
-                [sys.executable, "-I", "-m", "course_lib.grading.verdicts", "run", str(left)], json.dumps(req),
+                [sys.executable, "-I", "-m", "course_lib.grading.verdicts", "run", str(limits.notebook_s)],
+                json.dumps(req),
                 limits, sandboxed=why is None, cwd=None)
             try:
                 results = json.loads(out) if not run_failure else {}
@@ -446,7 +446,8 @@ def _judge_cells(nb, key: dict, results: dict, failure: str | None, reasons: lis
     flags, notes = [], []
     for cell in nb.cells:  # a graded cell that no exercise of the key pairs with earns nothing
         if cell.cell_type == "code" and notebook.nbgrader_meta(cell).get("grade"):
-            cell.outputs = [_error("GradingError", f"no answer key for this cell: {failure or 'not an exercise'}")]
+            why = failure or "not an exercise"
+            cell.outputs = [_error("GradingError", f"no answer key for this cell: {why}")]
     cells = {notebook.nbgrader_meta(c).get("grade_id"): c for c in nb.cells
              if c.cell_type == "code" and notebook.nbgrader_meta(c).get("grade")}
     for name in key:
