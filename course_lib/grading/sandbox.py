@@ -76,7 +76,7 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Bool, Integer, Unicode
 
-from . import config, notebook, verdicts
+from . import config, failures, notebook, verdicts
 
 MAX_OUTPUT_CHARS = 100_000
 SKIPPED = ("(not run by the grader: a demonstration of the chapter, unchanged, that no test needs; "
@@ -433,9 +433,7 @@ def _confined(cmd: list[str], stdin: str, limits: Limits, sandboxed: bool, cwd: 
             _kill(pid)
         proc.wait()
     if proc.returncode != 0 and not out.strip():
-        from .grade import failure_cause  # in words, without the host's paths (it reaches feedback)
-
-        why = failure_cause(err, config.root()) if err.strip() else f"exit status {proc.returncode}"
+        why = failures.failure_cause(err, config.root()) if err.strip() else f"exit status {proc.returncode}"
         return "", f"the grading process failed: {why}", watchdog.reasons
     return out, None, watchdog.reasons
 

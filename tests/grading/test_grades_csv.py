@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.grading import collect, config, grade
+from course_lib.grading import collect, config, failures, grade
 from tests.conftest import CHAPTERS, ROOT
 
 CHAPTER = CHAPTERS[0]
@@ -65,11 +65,11 @@ def test_a_grader_failure_names_its_cause_in_words_without_host_paths(tmp_path):
            f"    nbgrader.converters.base.NbGraderException: cannot read {where}/x.ipynb, nor "
            f"{Path.home()}/.jupyter or /etc/jupyter/nbgrader_config.py; {'the notebook is broken ' * 20}\n"
            "[AutogradeApp | ERROR] Please see the the above traceback for details.\n")
-    cause = grade.failure_cause(log, grading)
+    cause = failures.failure_cause(log, grading)
     start = "NbGraderException: cannot read <path>, nor <path> or <path>; the notebook is broken "
     assert cause.startswith(start) and cause.endswith(" broken …") and len(cause) <= 200, cause
     assert not re.search(r"/\w", cause)  # no path left, not even a piece of one
-    short = grade.failure_cause(log.replace("the notebook is broken " * 20, "that is all"), grading)
+    short = failures.failure_cause(log.replace("the notebook is broken " * 20, "that is all"), grading)
     assert short.endswith("; that is all (while handling KeyError: '<path>')"), short
 
 
