@@ -203,7 +203,7 @@ def grade_recorded(chapter: str) -> list[Verdict]:
     req = verdicts.request(nb) | {"batch": True, "exercises": [
         dict(by_name[entry["grade_id"]], name=f"{i} {entry['grade_id']}", answer=code)
         for i, (_, entry, code) in enumerate(answers)]}
-    results = verdicts._run_subprocess([sys.executable, "-m", "course_lib.grading.verdicts", "run"], req,
+    results = verdicts.run_elsewhere(req,
                                        timeout=600, cwd=str(config.solution_path(chapter).parent))
     out = []
     for i, (kind, entry, _) in enumerate(answers):

@@ -509,7 +509,9 @@ def _install_hook(fd: int, trusted: tuple[str, ...], current: list[str]) -> None
 
 # --- the key and the judge ------------------------------------------------------------------------
 
-def _run_subprocess(cmd: list[str], req: dict, timeout: float, cwd: str | None = None) -> dict:
+def run_elsewhere(req: dict, timeout: float, cwd: str | None = None) -> dict:
+    """:func:`run` in a runner process of its own, not sandboxed (the answer key, the self-test)."""
+    cmd = [sys.executable, "-m", "course_lib.grading.verdicts", "run"]
     proc = subprocess.run(cmd, input=json.dumps(req), capture_output=True, text=True, timeout=timeout, cwd=cwd)
     if proc.returncode != 0:
         raise RuntimeError(f"the grading runner failed: {proc.stderr[-2000:]}")
@@ -533,7 +535,7 @@ def answer_key(chapter: str, cache_dir: Path | None = None) -> dict:
         path = Path(cache_dir) / f"{chapter}-{_fingerprint(req)}.json"
         if path.is_file():
             return json.loads(path.read_text(encoding="utf-8"))
-    results = _run_subprocess([sys.executable, "-m", "course_lib.grading.verdicts", "run"], req,
+    results = run_elsewhere(req,
                               timeout=60 + 2 * req["timeout"] * len(req["exercises"]),
                               cwd=str(config.solution_path(chapter).parent))
     broken = {name: r["error"] for name, r in results.items() if r.get("error")}
