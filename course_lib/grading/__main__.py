@@ -2,6 +2,7 @@
 
     python -m course_lib.grading release [CHAPTER|all]   regenerate notebooks/ from solutions/
     python -m course_lib.grading book                    build the HTML book into _build/html
+    python -m course_lib.grading book --only CHAPTER     run one chapter and record what it glues
     python -m course_lib.grading collect CHAPTER ZIP_OR_FOLDER [--pattern REGEX]
                                                          file an LMS export for grading
     python -m course_lib.grading grade CHAPTER [--jobs N] [--unsandboxed] [--all-cells]
@@ -17,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import book, collect, config, grade, release
+from . import book, collect, config, glue, grade, release
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("release", help="regenerate student notebooks from solutions")
     p.add_argument("chapter", nargs="?", default="all")
-    sub.add_parser("book", help="build the HTML book")
+    p = sub.add_parser("book", help="build the HTML book")
+    p.add_argument("--only", metavar="CHAPTER",
+                   help="only run this chapter and record the values its prose quotes (for release)")
     p = sub.add_parser("collect", help="file a zip or folder of submissions for grading")
     p.add_argument("chapter")
     p.add_argument("source", type=Path)
@@ -49,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "release":
         for chapter in config.resolve_chapters(args.chapter):
             print(f"Released {release.release(chapter).relative_to(config.root())}")
+    elif args.command == "book" and args.only:
+        for chapter in config.resolve_chapters(args.only):
+            _, seconds, _ = book.measure(chapter)
+            print(f"{chapter}: {seconds:.1f} s; glued values in {glue.build_path(chapter)}")
     elif args.command == "book":
         html, failures = book.build()
         print(f"Book written to {html}/index.html")

@@ -34,7 +34,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 from nbgrader.preprocessors import ClearHiddenTests, ClearSolutions
 
-from . import config, figures, notebook
+from . import config, figures, glue, notebook
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 WITHHELD = "(message withheld: it quotes hidden test or solution code)"
@@ -199,6 +199,26 @@ def failed_page(nb: nbformat.NotebookNode, fail: ChapterFailure) -> nbformat.Not
     return nb
 
 
+def measure(chapter: str) -> tuple[nbformat.NotebookNode, float, list[str]]:
+    """Execute ``chapter``'s solution and record what it glues (``_build/glue/NN_name.json``, read
+    by release); fails if the prose quotes a name that the run did not glue."""
+    nb, seconds, figure_problems = execute(config.solution_path(chapter))
+    found = glue.values(nb)
+    missing = [name for name in glue.used(nb) if name not in found]
+    if missing:
+        raise NotebookFailed(len(nb.cells) - 1, f"the prose quotes {missing}, which no cell glues")
+    glue.write(glue.build_path(chapter), found)
+    return nb, seconds, figure_problems
+
+
+def substitutions(timings: dict[str, dict]) -> dict[str, str]:
+    """What the book's own pages quote of this build: ``chapter_NN_seconds`` for each chapter and
+    ``chapters_minutes``, the time to run them all, on the machine that built the book."""
+    out = {f"chapter_{c[:2]}_seconds": f"{t['seconds']:.0f}" for c, t in timings.items()}
+    out["chapters_minutes"] = f"{sum(t['seconds'] for t in timings.values()) / 60:.0f}"
+    return out
+
+
 def stage(out: Path, chapters: list[str]) -> tuple[dict[str, dict], list[ChapterFailure]]:
     """Write the book's sources, with executed and stripped notebooks, under ``out/stage``;
     returns each chapter's seconds and its slowest cell's, and the chapters that failed to run."""
@@ -213,7 +233,6 @@ def stage(out: Path, chapters: list[str]) -> tuple[dict[str, dict], list[Chapter
     sphinx_cfg = cfg.setdefault("sphinx", {}).setdefault("config", {})
     sphinx_cfg["html_extra_path"] = ["_extra"]
     sphinx_cfg["mathjax_path"] = "../mathjax/tex-chtml.js"  # relative to _static/: site root
-    (stage_dir / "_config.yml").write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
     shutil.copytree(mathjax_dir(), stage_dir / "_extra" / "mathjax")
 
     timings, failures = {}, []
@@ -221,7 +240,7 @@ def stage(out: Path, chapters: list[str]) -> tuple[dict[str, dict], list[Chapter
         src = config.solution_path(chapter)
         print(f"Executing {src.relative_to(root)} ...", flush=True)
         try:
-            nb, seconds, figure_problems = execute(src)
+            nb, seconds, figure_problems = measure(chapter)
         except NotebookFailed as e:
             unexecuted = notebook.read(src)
             failures.append(failure(chapter, unexecuted, e))
@@ -238,6 +257,8 @@ def stage(out: Path, chapters: list[str]) -> tuple[dict[str, dict], list[Chapter
         download = stage_dir / "_extra" / "notebooks" / chapter
         download.mkdir(parents=True)
         shutil.copy2(config.student_path(chapter), download / f"{chapter}.ipynb")
+    cfg.setdefault("parse", {})["myst_substitutions"] = substitutions(timings)
+    (stage_dir / "_config.yml").write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
     return timings, failures
 
 

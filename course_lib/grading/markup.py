@@ -10,7 +10,8 @@ markdown cells of the student notebook into Markdown that every notebook front e
 - ``{numref}`fig-capacity``` -> the figure's caption, up to its first colon or full stop, read
   from the code cell that draws it (``metadata.mystnb.figure``): only the book numbers figures;
 - ````{admonition} Title`` with ``:class:`` -> a block quote under the title in bold;
-- ````{dropdown} Title`` -> an HTML ``<details>`` block that opens on a click.
+- ````{dropdown} Title`` -> an HTML ``<details>`` block that opens on a click;
+- ``{glue:text}`name``` -> the value the book build's run glued under that name (:mod:`.glue`).
 
 Cells with nbgrader metadata (exercises, written answers) are left exactly as they are.
 """
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import config, notebook
+from . import config, glue, notebook
 
 _ROLE = re.compile(r"\{(cite:p|cite:t|term|numref)\}`([^`]+)`")
 _FENCE = re.compile(r"^(?P<fence>`{3,}|:{3,})\{(?P<name>admonition|dropdown)\}[ \t]*(?P<title>.*)$")
@@ -82,9 +83,18 @@ def _role(kind: str, target: str, figures: dict[str, str]) -> str:
     return f"({'; '.join(cited)})" if kind == "cite:p" else ", ".join(cited)
 
 
-def plain(source: str, figures: dict[str, str] | None = None) -> str:
+def _glued(name: str, values: dict[str, str]) -> str:
+    if ":" in name:
+        raise ValueError(f"{{glue:text}}`{name}`: format the value in glue.text(), not in the role")
+    if name not in values:
+        raise ValueError(f"{{glue:text}}`{name}`: no value recorded; run `python -m course_lib.grading "
+                         "book --only CHAPTER` (it runs the chapter and records what it glues), then release")
+    return values[name]
+
+
+def plain(source: str, figures: dict[str, str] | None = None, values: dict[str, str] | None = None) -> str:
     """One markdown cell's MyST as plain Markdown (see the module's docstring)."""
-    figures = figures or {}
+    figures, values = figures or {}, values or {}
     out, lines, i = [], source.splitlines(), 0
     while i < len(lines):
         match = _FENCE.match(lines[i])
@@ -104,15 +114,16 @@ def plain(source: str, figures: dict[str, str] | None = None) -> str:
             out += [f"> **{title}**", ">"] + [f"> {line}".rstrip() for line in body]
         else:
             out += [f"<details><summary>{title}</summary>", ""] + body + ["", "</details>"]
-    text = "\n".join(out)
+    text = glue.ROLE.sub(lambda m: _glued(m[1], values), "\n".join(out))
     return _ROLE.sub(lambda m: _role(m[1], m[2], figures), text)
 
 
-def plain_notebook(path: Path) -> None:
-    """Rewrite the ordinary markdown cells of the notebook at ``path`` in place."""
+def plain_notebook(path: Path, values: dict[str, str] | None = None) -> None:
+    """Rewrite the ordinary markdown cells of the notebook at ``path`` in place, with ``values``
+    the glued values its prose quotes."""
     nb = notebook.read(path)
     figures = _caption_names(nb)
     for cell in nb.cells:
         if cell.cell_type == "markdown" and not notebook.nbgrader_meta(cell):
-            cell.source = plain(cell.source, figures)
+            cell.source = plain(cell.source, figures, values)
     nbformat.write(nb, str(path))

@@ -5,6 +5,11 @@ install cell of ``notebook.install_cell_source`` (so the repository URL lives in
 alone), then runs nbgrader's ``generate_assignment``, which strips solutions and hidden tests,
 clears outputs and records checksums for autograding; last, the MyST markup of the ordinary
 markdown cells becomes plain Markdown (:mod:`.markup`), which JupyterLab and Colab render.
+
+The numbers the prose quotes with ``{glue:text}`` become the values of the book build's run
+(:mod:`.glue`): releasing copies the last build's values of the chapter, when there are any, into
+the committed record ``book/measured/NN_name.json``, and the student notebook is written from that
+record, so that regenerating it later (the sync test) gives the same file.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import config, markup, nbgrader_cli, notebook
+from . import config, glue, markup, nbgrader_cli, notebook
 
 
 def sync_install_cell(chapter: str) -> bool:
@@ -43,13 +48,16 @@ def generate(chapter: str, release_dir: Path, grading_dir: Path | None = None) -
         grading_dir=grading_dir, release_dir=release_dir,
     )
     path = Path(release_dir) / chapter / f"{chapter}.ipynb"
-    markup.plain_notebook(path)  # MyST that JupyterLab and Colab would show raw
+    markup.plain_notebook(path, glue.read(glue.record_path(chapter)))  # MyST Lab would show raw
     return path
 
 
 def release(chapter: str) -> Path:
     """Regenerate ``notebooks/<chapter>/`` from the solution, replacing what was there."""
     sync_install_cell(chapter)
+    measured = glue.read(glue.build_path(chapter))
+    if measured:
+        glue.write(glue.record_path(chapter), measured)
     with tempfile.TemporaryDirectory() as tmp:
         generate(chapter, Path(tmp), grading_dir=Path(tmp) / "grading")
         target = config.root() / "notebooks" / chapter
