@@ -212,10 +212,13 @@ def measure(chapter: str) -> tuple[nbformat.NotebookNode, float, list[str]]:
 
 
 def substitutions(timings: dict[str, dict]) -> dict[str, str]:
-    """What the book's own pages quote of this build: ``chapter_NN_seconds`` for each chapter and
-    ``chapters_minutes``, the time to run them all, on the machine that built the book."""
-    out = {f"chapter_{c[:2]}_seconds": f"{t['seconds']:.0f}" for c, t in timings.items()}
-    out["chapters_minutes"] = f"{sum(t['seconds'] for t in timings.values()) / 60:.0f}"
+    """What the book's own pages quote of this build, on the machine that built it:
+    ``chapter_NN_seconds`` for each chapter, ``slowest_chapter_seconds``, and ``chapters_minutes``,
+    the time to run them all (MyST substitutions: ``{{ chapter_03_seconds }}``)."""
+    seconds = {c[:2]: t["seconds"] for c, t in timings.items()}
+    out = {f"chapter_{nn}_seconds": f"{s:.0f}" for nn, s in seconds.items()}
+    out["slowest_chapter_seconds"] = f"{max(seconds.values(), default=0):.0f}"
+    out["chapters_minutes"] = f"{sum(seconds.values()) / 60:.1f}"
     return out
 
 

@@ -74,3 +74,22 @@ def test_chapter_pages_open_with_the_title_not_the_install_cell(html_dir):
         body = page[page.index('<article class="bd-article"'):]
         assert "COURSE_LIB_SOURCE" not in body, f"{chapter}: the install cell is on the page"
         assert body.index("<h1") < body.index('class="cell'), f"{chapter}: a cell comes before the title"
+
+
+def test_every_number_the_prose_quotes_was_glued_by_this_build_and_is_in_the_release_record():
+    from course_lib.grading import glue
+
+    for chapter in CHAPTERS:
+        built = glue.read(glue.build_path(chapter))
+        quoted = glue.used(nbformat.read(str(config.solution_path(chapter)), as_version=4))
+        assert set(quoted) <= set(built), f"{chapter}: quoted but not glued: {set(quoted) - set(built)}"
+        recorded = glue.read(glue.record_path(chapter))
+        assert set(recorded) == set(built), (
+            f"{chapter}: book/measured/{chapter}.json names {sorted(recorded)} but the build glued "
+            f"{sorted(built)}: run `make release CHAPTER={chapter}` after `make book`")
+
+
+def test_no_page_shows_an_unfilled_glue_role_or_substitution(html_dir):
+    for page in html_dir.rglob("*.html"):
+        text = re.sub(r"<script.*?</script>", "", page.read_text(encoding="utf-8"), flags=re.S)
+        assert "{glue:" not in text and not re.search(r"\{\{\s*\w+\s*\}\}", text), page.name

@@ -10,7 +10,7 @@ import pytest
 from course_lib.grading import config, markup, notebook
 from tests.conftest import CHAPTERS
 
-MYST = re.compile(r"\{(cite:p|cite:t|term|numref|doc|ref|eq)\}`|^[`:]{3,}\{", re.M)
+MYST = re.compile(r"\{(cite:p|cite:t|term|numref|doc|ref|eq|glue:text)\}`|^[`:]{3,}\{", re.M)
 
 
 def test_citations_are_author_year_from_the_bibliography():
@@ -51,3 +51,13 @@ def test_released_notebooks_have_no_myst_left(chapter):
     assert not left, f"MyST markup left in the released notebook: {left}"
     # the solution, which the book renders, keeps its MyST
     assert any(MYST.search(c.source) for c in solution.cells if c.cell_type == "markdown")
+
+
+def test_glued_numbers_become_the_recorded_values_and_a_missing_one_is_an_error():
+    values = {"gpt_loss": "1.62", "train_seconds": "41"}
+    assert markup.plain("ends at {glue:text}`gpt_loss` nats after {glue:text}`train_seconds` s", None,
+                        values) == "ends at 1.62 nats after 41 s"
+    with pytest.raises(ValueError, match="book --only"):
+        markup.plain("{glue:text}`not_measured`", None, values)
+    with pytest.raises(ValueError, match="glue.text"):
+        markup.plain("{glue:text}`gpt_loss:.1f`", None, values)

@@ -1,0 +1,50 @@
+"""Glued values: what ``glue.text`` writes is what myst-nb pastes into the page, and the book build
+hands the book's own pages the times it measured."""
+
+from __future__ import annotations
+
+import nbformat
+from myst_nb.ext.glue import extract_glue_data_cell
+from nbclient import NotebookClient
+
+from course_lib.grading import book, glue
+
+
+def test_a_glued_value_is_read_back_by_myst_nb_and_shows_nothing_in_jupyter():
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "from course_lib.grading import glue\n"
+        "shown = glue.text('val_loss', 1.23456, '.2f')\n"
+        "glue.text('steps', 360)\n"
+        "shown")])
+    NotebookClient(nb, kernel_name="python3", timeout=60).execute()
+    assert glue.values(nb) == {"val_loss": "1.23", "steps": "360"}
+    visible = [o for o in nb.cells[0].outputs if not any(k.startswith(glue.PREFIX) for k in o.get("data", {}))]
+    assert [o["data"]["text/plain"] for o in visible] == ["'1.23'"]  # only the cell's own result
+    pasted = {name: out["data"]["text/plain"] for name, out in extract_glue_data_cell(nb.cells[0])}
+    assert pasted == {"val_loss": "1.23", "steps": "360"}  # what {glue:text} puts on the page
+
+
+def test_glue_names_are_checked_and_plain_python_gets_the_text_back():
+    assert glue.text("ratio", 2 / 3, ".3f") == "0.667"
+    for bad in ("Loss", "1st", "val-loss", ""):
+        try:
+            glue.text(bad, 1.0)
+        except ValueError as e:
+            assert "glue name" in str(e)
+        else:
+            raise AssertionError(f"{bad!r} was accepted")
+
+
+def test_the_prose_names_are_found_once_each_in_order():
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("{glue:text}`b` then {glue:text}`a`"),
+        nbformat.v4.new_code_cell("# {glue:text}`code_is_not_prose`"),
+        nbformat.v4.new_markdown_cell("{glue:text}`a` again and {glue:text}`c`")])
+    assert glue.used(nb) == ["b", "a", "c"]
+
+
+def test_the_book_pages_get_this_builds_chapter_times():
+    timings = {"01_tokenization": {"seconds": 7.24}, "03_transformer": {"seconds": 48.6}}
+    assert book.substitutions(timings) == {
+        "chapter_01_seconds": "7", "chapter_03_seconds": "49", "slowest_chapter_seconds": "49",
+        "chapters_minutes": "0.9"}
