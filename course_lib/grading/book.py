@@ -8,6 +8,10 @@ Book builds the stage with execution off and without copying sources. Seconds pe
 those of its slowest cell and figures without axis labels go to ``_build/timings.json``; a
 notebook over 1.5 times its budget (``config.BUDGET_MARGIN``) fails the build.
 
+The prose quotes what its page measured: a chapter's values glued by its run (:mod:`.glue`) are
+pasted by myst-nb and recorded in ``_build/glue/NN_name.json`` for release, and the book's own pages
+get this build's chapter times as MyST substitutions (``{{ chapter_03_seconds }}``).
+
 A chapter that fails to execute does not stop the build: its page is built from the notebook
 unexecuted (answers stripped all the same) under a warning, the other chapters are built as
 usual, and the build then fails with one line per broken chapter: the chapter, the exercise or
