@@ -4,8 +4,11 @@ Notation: this module keeps the papers' letters, which differ from the rest of t
 ``N`` parameters, ``D`` training tokens (not the model width), ``C`` training compute in FLOPs,
 ``L`` the loss in nats per token. ``C = 6 N D`` (chapter 05).
 
-* :class:`KaplanLaw`: ``L(N)``, ``L(D)``, ``L(C)`` and ``L(N, D)`` with the paper's constants.
-  Kaplan's ``N`` excludes embeddings, and its ``C`` is in PF-days (1 PF-day = 8.64e19 FLOPs).
+* :class:`KaplanLaw`: the one-variable laws ``L(N)``, ``L(D)``, ``L(C)`` with the paper's constants
+  (its section 1.2). Kaplan's ``N`` excludes embeddings, and its ``C`` is in PF-days
+  (1 PF-day = 8.64e19 FLOPs).
+* :class:`KaplanNDLaw`: ``L(N, D)``, the paper's equation 1.5, with its own constants (Table 2),
+  which differ from the one-variable fits'. Its ``D`` is the dataset size of a run stopped early.
 * :class:`ChinchillaLaw`: ``L(N, D) = E + A / N^alpha + B / D^beta`` with the constants of
   the paper's approach 3, and :meth:`ChinchillaLaw.compute_optimal`, the closed-form best
   ``(N, D)`` for a budget ``C``. With these constants the best tokens-per-parameter ratio
@@ -42,9 +45,9 @@ from .model import GPT, ModelConfig
 from .sweeps import append_rows, parse_command_line
 from .train import TrainConfig, train
 
-__all__ = ["PF_DAY", "KaplanLaw", "ChinchillaLaw", "fit_chinchilla", "isoflop_optimum", "fit_power_law",
-           "fit_kaplan_n", "SWEEP_CSV", "SWEEP_SIZES", "Run", "SWEEP_PLAN", "QUICK_PLAN", "sweep_config",
-           "sweep", "read_sweep"]
+__all__ = ["PF_DAY", "KaplanLaw", "KaplanNDLaw", "ChinchillaLaw", "fit_chinchilla", "isoflop_optimum",
+           "fit_power_law", "fit_kaplan_n", "SWEEP_CSV", "SWEEP_SIZES", "Run", "SWEEP_PLAN", "QUICK_PLAN",
+           "sweep_config", "sweep", "read_sweep"]
 
 PF_DAY = 1e15 * 24 * 3600  # FLOPs in a petaflop/s-day, Kaplan's unit of compute
 
@@ -57,7 +60,7 @@ def _positive(name: str, value) -> None:
 
 @dataclass(frozen=True)
 class KaplanLaw:
-    """Kaplan et al. (2020), section 1.2 and equation 1.5; losses in nats, N without embeddings."""
+    """Kaplan et al. (2020), section 1.2: one variable at a time; losses in nats, N without embeddings."""
 
     alpha_N: float = 0.076
     N_c: float = 8.8e13
@@ -81,11 +84,49 @@ class KaplanLaw:
         _positive("C", C_flops)
         return (self.C_c / (C_flops / PF_DAY)) ** self.alpha_C
 
+
+@dataclass(frozen=True)
+class KaplanNDLaw:
+    """Kaplan et al. (2020), equation 1.5, with the constants of its Table 2 fit (not those of the
+    one-variable laws in :class:`KaplanLaw`): ``L(N, D) = [(N_c / N)^(alpha_N / alpha_D) + D_c / D]^alpha_D``.
+
+    ``N`` excludes embeddings; ``D`` is the size of the dataset of a run stopped early, at its best
+    test loss. :meth:`compute_optimal` minimises along ``D = C / (6 N)``, which reads ``D`` as the
+    tokens a run of that budget trains on: a reinterpretation, not the paper's own use of it.
+
+    >>> law = KaplanNDLaw()
+    >>> round(law.size_exponent, 3)  # N_opt grows as C^0.575
+    0.575
+    >>> [round(D / N, 1) for N, D in map(law.compute_optimal, [1e19, 1e21, 1e23, 1e25])]
+    [8.6, 4.3, 2.1, 1.1]
+    """
+
+    alpha_N: float = 0.076
+    alpha_D: float = 0.103
+    N_c: float = 6.4e13
+    D_c: float = 1.8e13
+
     def loss(self, N: float, D: float) -> float:
-        """``[(N_c / N)^(alpha_N / alpha_D) + D_c / D]^alpha_D`` (equation 1.5)."""
+        """``[(N_c / N)^(alpha_N / alpha_D) + D_c / D]^alpha_D``; ``(N_c / N)^alpha_N`` as ``D`` grows."""
         _positive("N", N)
         _positive("D", D)
         return ((self.N_c / N) ** (self.alpha_N / self.alpha_D) + self.D_c / D) ** self.alpha_D
+
+    @property
+    def size_exponent(self) -> float:
+        """``a`` in ``N_opt ~ C^a`` on the line ``6 N D = C``: ``1 / (1 + alpha_N / alpha_D)``."""
+        return 1 / (1 + self.alpha_N / self.alpha_D)
+
+    def compute_optimal(self, C: float) -> tuple[float, float]:
+        """The ``(N, D)`` minimising the loss subject to ``6 N D = C``, in closed form.
+
+        The loss grows with ``(N_c / N)^r + 6 D_c N / C`` (``r = alpha_N / alpha_D``), whose
+        derivative vanishes at ``N^(1 + r) = r N_c^r C / (6 D_c)``; then ``D = C / (6 N)``.
+        """
+        _positive("C", C)
+        r = self.alpha_N / self.alpha_D
+        N = (r * self.N_c**r * C / (6 * self.D_c)) ** (1 / (1 + r))
+        return N, C / (6 * N)
 
 
 @dataclass(frozen=True)

@@ -52,12 +52,31 @@ def test_kaplan_law_limits_and_units():
     assert k.loss_d(k.D_c) == pytest.approx(1.0)
     assert k.loss_c(k.C_c * scaling.PF_DAY) == pytest.approx(1.0)
     assert scaling.PF_DAY == 8.64e19
-    # L(N, D) tends to L(N) with unlimited data and to L(D) with an unlimited model
-    assert k.loss(1e9, 1e30) == pytest.approx(k.loss_n(1e9), rel=1e-6)
-    assert k.loss(1e40, 1e10) == pytest.approx(k.loss_d(1e10), rel=1e-6)
     assert k.loss_n(1e9) > k.loss_n(1e10)
     # doubling N lowers L(N) by the factor 2^-alpha_N
     assert k.loss_n(2e9) / k.loss_n(1e9) == pytest.approx(2 ** -k.alpha_N)
+
+
+def test_kaplan_nd_law_has_table_2s_constants_and_allocation():
+    """Equation 1.5 with Table 2's fit (alpha_N 0.076, alpha_D 0.103, N_c 6.4e13, D_c 1.8e13), not the
+    one-variable laws' constants: minimised along 6 N D = C, N_opt ~ C^0.575 and D / N falls from
+    about 8.6 tokens per parameter at 1e19 FLOPs to 1.1 at 1e25 (worked by hand: N^(1 + r) =
+    r N_c^r C / (6 D_c) with r = 0.076 / 0.103)."""
+    law = scaling.KaplanNDLaw()
+    assert (law.alpha_N, law.alpha_D, law.N_c, law.D_c) == (0.076, 0.103, 6.4e13, 1.8e13)
+    assert law.size_exponent == pytest.approx(0.575, abs=5e-4)
+    budgets = [1e19, 1e21, 1e23, 1e25]
+    ratios = [D / N for N, D in map(law.compute_optimal, budgets)]
+    assert ratios == pytest.approx([8.6, 4.3, 2.1, 1.1], abs=0.05)
+    for C in budgets:
+        N, D = law.compute_optimal(C)
+        assert 6 * N * D == pytest.approx(C)
+        assert N == pytest.approx(_brute_force_optimum(law, C), rel=2e-3)
+    _, a = scaling.fit_power_law(budgets, [law.compute_optimal(C)[0] for C in budgets])
+    assert a == pytest.approx(law.size_exponent)
+    # with unlimited data it is a power law in N alone, with Table 2's N_c (not L(N)'s 8.8e13)
+    assert law.loss(1e9, 1e30) == pytest.approx((6.4e13 / 1e9) ** 0.076, rel=1e-6)
+    assert law.loss(1e40, 1e10) == pytest.approx((1.8e13 / 1e10) ** 0.103, rel=1e-6)
 
 
 def _runs(law, Ns, Ds):
@@ -120,7 +139,9 @@ def test_bad_input_fails_clearly():
     with pytest.raises(ValueError, match="N must be positive"):
         CHINCHILLA.loss(0, 1e9)
     with pytest.raises(ValueError, match="D must be positive"):
-        scaling.KaplanLaw().loss(1e9, -1)
+        scaling.KaplanNDLaw().loss(1e9, -1)
+    with pytest.raises(ValueError, match="C must be positive"):
+        scaling.KaplanNDLaw().compute_optimal(-1)
     with pytest.raises(ValueError, match="C must be positive"):
         CHINCHILLA.compute_optimal(0)
     with pytest.raises(ValueError, match="one value per run"):
