@@ -8,7 +8,9 @@ The package, read in this order:
   :func:`repeat_kv`, and :func:`nadaraya_watson` (attention as kernel regression);
 * ``cache``: :class:`KVCache`, :class:`RollingKVCache`, :func:`kv_cache_bytes`;
 * ``multihead``: :class:`MultiHeadAttention` (MHA, GQA, MQA; self and cross; cache; RoPE);
-* ``linear``: :func:`linear_attention` and its quadratic twin.
+* ``linear``: :func:`linear_attention` and its quadratic twin;
+* ``tiled``: :func:`tiled_attention` (FlashAttention's forward pass: an online softmax over key
+  blocks, never the ``(S, Sk)`` scores) and :func:`watch_tensors`, which measures the memory.
 
 Positional encodings (sinusoidal, learned, rotary) live in :mod:`course_lib.positional`.
 Shapes everywhere: ``B`` batch, ``S`` queries, ``Sk`` keys, ``D`` d_model, ``H`` query heads,
@@ -34,6 +36,7 @@ from .masks import (
     sliding_window_mask,
 )
 from .multihead import MultiHeadAttention
+from .tiled import TensorWatch, tiled_attention, watch_tensors
 
 __all__ = [
     "causal_mask",
@@ -52,4 +55,7 @@ __all__ = [
     "linear_attention",
     "linear_attention_quadratic",
     "elu_feature_map",
+    "tiled_attention",
+    "TensorWatch",
+    "watch_tensors",
 ]

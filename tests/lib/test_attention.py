@@ -372,3 +372,138 @@ def test_errors_name_the_bad_value():
         A.nadaraya_watson(q, k, v, bandwidth=0)
     with pytest.raises(ValueError, match="n_rep must be >= 1"):
         A.repeat_kv(k, 0)
+
+
+# --------------------------------------------------------------------------- tiled attention (online softmax)
+def _sdpa_reference(q, k, v, causal):
+    """torch's fused attention; causal here means the queries are the last S of Sk positions."""
+    S, Sk = q.shape[-2], k.shape[-2]
+    if not causal:
+        return F.scaled_dot_product_attention(q, k, v)
+    if S == Sk:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=A.causal_mask(S, Sk))
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape, block", [
+    ((2, 3, 7, 7, 8, 8), 3),      # B, H, S, Sk, Dh, Dv: block does not divide Sk
+    ((2, 3, 8, 8, 8, 8), 4),      # block divides Sk
+    ((1, 2, 5, 13, 16, 4), 5),    # S < Sk (queries at the end), Dv != Dh, a last block of 3
+    ((1, 1, 6, 6, 4, 4), 1),      # one key per block
+    ((2, 1, 9, 9, 8, 8), 64),     # one block holds every key
+    ((1, 2, 1, 11, 8, 8), 4),     # a single query (a decoding step)
+])
+def test_tiled_attention_matches_torch_sdpa(shape, block, causal, dtype, tol):
+    B_, H_, S_, Sk_, Dh_, Dv_ = shape
+    g = torch.Generator().manual_seed(sum(shape) + block)
+    q = torch.randn(B_, H_, S_, Dh_, generator=g, dtype=torch.float64).to(dtype)
+    k = torch.randn(B_, H_, Sk_, Dh_, generator=g, dtype=torch.float64).to(dtype)
+    v = torch.randn(B_, H_, Sk_, Dv_, generator=g, dtype=torch.float64).to(dtype)
+    got = A.tiled_attention(q, k, v, block=block, causal=causal)
+    assert got.dtype == dtype and got.shape == (B_, H_, S_, Dv_)
+    want = _sdpa_reference(q.double(), k.double(), v.double(), causal)
+    torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+    torch.testing.assert_close(got, _sdpa_reference(q, k, v, causal), atol=10 * tol, rtol=10 * tol)
+
+
+def test_tiled_attention_gradients_match_sdpa():
+    q, k, v = _qkv(torch.float64, S=5, Sk=11)
+    got = A.tiled_attention(q, k, v, block=4, causal=True)
+    want = _sdpa_reference(q, k, v, causal=True)
+    w = torch.randn(got.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    g_got = torch.autograd.grad((got * w).sum(), (q, k, v))
+    g_want = torch.autograd.grad((want * w).sum(), (q, k, v))
+    for a, b in zip(g_got, g_want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+def _masked_reference(q, k, v, mask):
+    """softmax(q k^T / sqrt(Dh), masked) v in q's dtype, a row with no allowed key giving zeros."""
+    scores = (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1).nan_to_num(0.0) @ v  # (..., S, Sk) @ (..., Sk, Dv)
+
+
+def test_tiled_attention_with_a_mask_and_a_fully_masked_row():
+    q, k, v = (t.detach() for t in _qkv(torch.float64, S=4, Sk=10))
+    mask = torch.rand(B, H, 4, 10, generator=torch.Generator().manual_seed(2)) > 0.4  # (B, H, S, Sk)
+    mask[0, 1, 2] = False  # query 2 of head 1 in sequence 0 sees nothing
+    mask[1, 0, 0] = False
+    mask[1, 0, 0, 9] = True  # only the last key, in the last (short) block
+    got = A.tiled_attention(q, k, v, mask, block=3)
+    want = _masked_reference(q, k, v, mask)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+    assert torch.equal(got[0, 1, 2], torch.zeros(Dh, dtype=torch.float64))
+    torch.testing.assert_close(got[1, 0, 0], v[1, 0, 9])
+    # a padding mask (B, 1, 1, Sk) combined with causal, and blocks processed after a masked one
+    pad = A.padding_mask(torch.tensor([7, 10]), 10)  # (B, 1, 1, Sk): keys 7.. of sequence 0 are padding
+    got = A.tiled_attention(q, k, v, pad, block=4, causal=True)
+    want = _masked_reference(q, k, v, pad & A.causal_mask(4, 10))
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_tiled_attention_is_stable_for_scores_far_from_zero(sign):
+    """Scores of +-100 to +-700 in float32 (exp overflows above 88 and underflows below -103):
+    the running max must move with every block and start at -inf, not 0."""
+    q = torch.tensor([[sign * 2.0, 0.0, 0.0, 0.0]])  # Dh = 4, scale 1/2: score_j = sign * k_j[0]
+    k = torch.zeros(14, 4)
+    k[:, 0] = torch.tensor([100, 101, 102, 200, 201, 202, 300, 301, 302, 400, 401, 402, 700, 701.0])
+    v = torch.randn(14, 3, generator=torch.Generator().manual_seed(3))
+    got = A.tiled_attention(q, k, v, block=3)
+    want = torch.softmax(sign * k[:, :1].double().T, dim=-1) @ v.double()  # (1, Sk) @ (Sk, 3)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=1e-6)
+
+
+def test_tiled_attention_broadcasts_and_keeps_low_precision_dtypes():
+    q, k, v = (t.detach() for t in _qkv(S=6, Sk=9))
+    k1, v1 = k[:, :1], v[:, :1]  # (B, 1, Sk, Dh): one kv head shared by all query heads (MQA)
+    torch.testing.assert_close(A.tiled_attention(q, k1, v1, block=4),
+                               F.scaled_dot_product_attention(q, k1.expand_as(k), v1.expand_as(v)))
+    torch.testing.assert_close(A.tiled_attention(q[0, 0], k[0, 0], v[0, 0], block=2, causal=True),
+                               F.scaled_dot_product_attention(q[0, 0], k[0, 0], v[0, 0],
+                                                              attn_mask=A.causal_mask(6, 9)))
+    out = A.tiled_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), block=4)  # computed in fp32
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), F.scaled_dot_product_attention(q, k, v), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(A.tiled_attention(q, k, v, block=4, scale=0.3),
+                               F.scaled_dot_product_attention(q, k, v, scale=0.3))
+
+
+def test_tiled_attention_never_holds_the_score_matrix():
+    S_, Sk_, block = 256, 512, 32
+    q, k, v = torch.randn(1, 2, S_, 16), torch.randn(1, 2, Sk_, 16), torch.randn(1, 2, Sk_, 16)
+    with torch.no_grad(), A.watch_tensors() as tiled:
+        A.tiled_attention(q, k, v, block=block, causal=True)
+    with torch.no_grad(), A.watch_tensors() as naive:
+        A.scaled_dot_product_attention(q, k, v, A.causal_mask(S_, Sk_))
+    assert naive.largest >= 2 * S_ * Sk_  # the (B, H, S, Sk) scores
+    assert tiled.largest <= 2 * S_ * max(block, 16)  # a block of scores or the (B, H, S, Dv) output
+    assert tiled.peak_bytes < naive.peak_bytes / 4
+    assert "aten.bmm" in naive.ops and not any("scaled_dot_product" in op for op in tiled.ops)
+
+
+def test_watch_tensors_counts_new_tensors_alive_at_once():
+    x = torch.ones(100)  # made before: not counted
+    with A.watch_tensors() as w:
+        a = x * 2  # 400 bytes
+        b = a[10:]  # a view: no new memory
+        a.add_(1)  # in place: no new memory
+        c = torch.cat([a, b])  # 760 bytes more -> 1,160
+        del a, b, c
+        d = torch.zeros(250)  # 1,000 bytes, after the others were freed
+    assert (w.largest, w.peak_bytes) == (250, 1160)
+    assert {"aten.mul", "aten.cat", "aten.add_"} <= w.ops
+    del d
+
+
+def test_tiled_attention_errors_name_the_bad_value():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="block must be >= 1, got 0"):
+        A.tiled_attention(q, k, v, block=0)
+    with pytest.raises(ValueError, match="causal attention needs Sk >= S.*S=7, Sk=3"):
+        A.tiled_attention(q, k[..., :3, :], v[..., :3, :], causal=True)
+    with pytest.raises(ValueError, match="must be bool"):
+        A.tiled_attention(q, k, v, torch.zeros(S, S))
