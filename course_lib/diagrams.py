@@ -372,8 +372,9 @@ def gqa_sharing(H: int = 8, Hkv: int = 2):
 def kv_cache(step: int = 4):
     """One decoding step with a KV cache: keys and values of positions ``0 .. step - 1`` are
     cached (grey, computed at earlier steps); the new token ``step`` gets its ``q``, ``k``, ``v``
-    (coloured), ``k`` and ``v`` are appended to the cache, and ``q`` scores all ``step + 1`` keys.
-    The output is the values weighted by the softmax of those scores. ``step`` in 1 .. 9."""
+    (coloured), ``k`` and ``v`` are appended to the cache, and ``q`` meets each of the ``step + 1``
+    keys in one score. The output is the values weighted by the softmax of those scores: the arrows
+    into it come from the scores and the values. ``step`` in 1 .. 9."""
     _int("step", step, 1, 9)
     n = step + 1
     fig, ax = _canvas()
@@ -403,15 +404,20 @@ def kv_cache(step: int = 4):
     _arrow(ax, (cx[step], 0.35 + h / 2), (cx[step], v_y - h / 2))
     ax.text(cx[step] + pitch / 2 + 0.05, 2.7, "append", fontsize=SMALL, va="center")
     ax.text(cx[step] + pitch / 2 + 0.05, 0.7, "append", fontsize=SMALL, va="center")
-    for j in range(n):  # q scores every key, cached or new
-        ax.plot([q_x + 0.275, cx[j]], [mid, k_y - h / 2], color=BLUE, linewidth=1, zorder=1)
-    ax.text(q_x + 0.35, mid - 0.1, f"scores q{step} · kj / √Dh\nfor all {n} keys", fontsize=SMALL, va="top",
-            ha="left", color=INK)
-    # the output: softmax over the scores weighs the values
+    # the scores: one per key, s_j = q . k_j / sqrt(Dh), in a row between the caches
+    s_h = 0.3
+    for j in range(n):
+        _box(ax, cx[j], mid, pitch * 0.88, s_h, f"s{j}", BLUE, fill="white", fontsize=SMALL)
+        _arrow(ax, (cx[j], k_y - h / 2), (cx[j], mid + s_h / 2))  # the key enters its score
+    _arrow(ax, (q_x + 0.275, mid), (cx[0] - pitch * 0.44, mid), color=BLUE)  # q enters every score
+    gap = (q_x + 0.275 + cx[0] - pitch * 0.44) / 2  # between q and the first score
+    ax.text(gap, mid + 0.1, f"q{step} · kj / √Dh", fontsize=SMALL, ha="center", va="bottom", color=INK)
+    ax.text(gap, mid - 0.1, f"j = 0 … {step}", fontsize=SMALL, ha="center", va="top", color=INK)
+    # the output: the softmax of the scores weighs the values
     out_x, out_h = 7.25, 0.8
-    _box(ax, out_x, mid, 1.4, out_h, f"output o{step} = Σj aj vj\naj: softmax\nof the scores", INK,
+    _box(ax, out_x, mid, 1.4, out_h, f"output o{step} = Σj aj vj\naj: softmax\nof the {n} scores", INK,
          fill="white", fontsize=SMALL)
-    _arrow(ax, (cx[-1] + pitch / 2, k_y), (out_x, k_y), (out_x, mid + out_h / 2))
+    _arrow(ax, (cx[-1] + pitch * 0.44, mid), (out_x - 0.7, mid))
     _arrow(ax, (cx[-1] + pitch / 2, v_y), (out_x, v_y), (out_x, mid - out_h / 2))
     ax.text(WIDTH - 0.1, 3.0, "grey: cached, reused\ncoloured: computed now", ha="right", va="center",
             fontsize=SMALL)
@@ -468,18 +474,22 @@ def gpt_architecture(config=None):
             ha="center", va="center", fontsize=SMALL, style="italic")
     ax.plot([1.58, x1 + 0.1], [y, y], color=INK, linewidth=2.5, zorder=1)
     rope = "\nRoPE on q and k" if c.positional == "rope" else ""
+    # the attention branch returns (its +) left of the MLP's norm, so no line runs into that box
     sublayers = [(x0 + 0.4, ATTENTION, f"causal attention\nH = {c.n_heads}, Hkv = {c.kv_heads}{rope}\n"
                   f"{_params(block.attn)}"),
-                 (x0 + 2.3, MLP, f"MLP, {'SwiGLU' if c.mlp == 'swiglu' else 'GELU'}\nD → F → D\n"
+                 (x0 + 2.4, MLP, f"MLP, {'SwiGLU' if c.mlp == 'swiglu' else 'GELU'}\nD → F → D\n"
                   f"{_params(block.mlp)}")]
+    nw, bw = 0.5, 1.2  # widths of a norm box and a sublayer box
     for xr, color, label in sublayers:
         ax.plot([xr], [y], "o", color=INK, markersize=4, zorder=3)  # the read point
         _arrow(ax, (xr, y), (xr, y + 0.47))
-        _box(ax, xr, y + 0.65, 0.55, 0.36, norm.replace("Norm", "\nNorm"), NORM, fontsize=SMALL)
-        _arrow(ax, (xr + 0.28, y + 0.65), (xr + 0.35, y + 0.65))
-        _box(ax, xr + 0.95, y + 0.65, 1.2, 0.85, label, color, fontsize=SMALL)
-        _arrow(ax, (xr + 1.55, y + 0.65), (xr + 1.7, y + 0.65), (xr + 1.7, y + 0.09))
-        _plus(ax, xr + 1.7, y)
+        _box(ax, xr, y + 0.65, nw, 0.36, norm.replace("Norm", "\nNorm"), NORM, fontsize=SMALL)
+        left = xr + nw / 2 + 0.06  # the sublayer box's left edge
+        _arrow(ax, (xr + nw / 2, y + 0.65), (left, y + 0.65))
+        _box(ax, left + bw / 2, y + 0.65, bw, 0.85, label, color, fontsize=SMALL)
+        back = left + bw + 0.12  # where the branch comes back down into the stream
+        _arrow(ax, (left + bw, y + 0.65), (back, y + 0.65), (back, y + 0.09))
+        _plus(ax, back, y)
     ax.text(x0 + 0.15, y - 0.25, "residual stream (B, S, D)", fontsize=SMALL, va="center")
     _box(ax, 6.45, y, 0.7, 0.5, f"final\n{norm}", NORM, fontsize=SMALL)
     _box(ax, 7.45, y, 0.8, 0.6, "LM head\nD → V", GREY, fontsize=SMALL)

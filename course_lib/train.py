@@ -69,7 +69,7 @@ from .data import get_batch
 from .device import DEVICES, PRECISIONS, autocast, get_device
 from .optim import AdamW, Muon, clip_grad_norm, cosine_schedule, split_for_muon
 
-__all__ = ["TrainConfig", "History", "lr_at", "make_optimizer", "set_lr", "evaluate", "train",
+__all__ = ["TrainConfig", "History", "lr_at", "make_optimizer", "set_lr", "evaluate", "evaluate_all", "train",
            "save_checkpoint", "load_checkpoint", "plot_history"]
 
 OPTIMIZERS = ("adamw", "torch-adamw", "muon")
@@ -220,6 +220,46 @@ def evaluate(model: nn.Module, ids: torch.Tensor, config: TrainConfig) -> float:
             losses.append(model(x, y)[1].float())
     model.train(was_training)
     return torch.stack(losses).mean().item()
+
+
+@torch.no_grad()
+def evaluate_all(model: nn.Module, ids: torch.Tensor, *, batch_size: int = 64) -> float:
+    """Mean next-token loss of ``model`` over *every* target ``ids[1:]``, each scored once, in nats
+    per token (chapter 03): slower than :func:`evaluate` and exact, the number to compare with
+    another model that scores the same targets (``course_lib.ngram.cross_entropy(ngram_model, ids)``).
+    The windows of ``S = context_length`` tokens follow each other; the last one ends at the last
+    target and scores only the targets the others did not reach. Each window starts afresh, so its
+    first targets are predicted from little context. Runs in eval mode, in fp32, on the model's
+    device, and restores the previous mode::
+
+        ids:      t0 t1 t2 t3 t4 t5 t6 t7 t8    S = 3: windows start at 0, 3 and 5
+        window 0: [t0 t1 t2]                 -> targets t1 t2 t3, all scored
+        window 1:          [t3 t4 t5]        -> targets t4 t5 t6, all scored
+        window 2:                [t5 t6 t7]  -> targets t6 t7 t8, scored t7 t8
+    """
+    S, N = model.config.context_length, len(ids)
+    if N < S + 1:
+        raise ValueError(f"ids must hold at least context_length + 1 = {S + 1} tokens, got {N}")
+    starts = list(range(0, N - S, S))
+    if starts[-1] != N - 1 - S:
+        starts.append(N - 1 - S)  # the last window ends at the last target
+    starts = torch.tensor(starts)  # (W,)
+    scored = torch.cat([torch.tensor([0]), starts[:-1] + S])  # (W,): targets up to this index were scored
+    device = next(model.parameters()).device
+    offsets = torch.arange(S)  # (S,)
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    for i in range(0, len(starts), batch_size):
+        first = starts[i:i + batch_size, None]  # (b, 1)
+        x = ids[first + offsets].to(device)  # (b, S)
+        y = ids[first + offsets + 1].to(device)  # (b, S): the target of position p has index first + p + 1
+        new = (first + offsets + 1 > scored[i:i + batch_size, None]).flatten().to(device)  # (b S,)
+        logits, _ = model(x)  # (b, S, V)
+        nll = nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
+        total += nll[new].sum().item()
+    model.train(was_training)
+    return total / (N - 1)
 
 
 def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,

@@ -207,8 +207,43 @@ def test_kv_cache_shows_cached_and_new_rows(step):
         assert labels[f"k{j}"] == labels[f"v{j}"] == 1
     assert labels[f"k{step}"] == labels[f"v{step}"] == 2  # computed now, then appended
     assert labels[f"q{step}"] == 1 and f"k{step + 1}" not in labels
-    assert any(f"for all {step + 1} keys" in t for t in labels)
+    assert all(labels[f"s{j}"] == 1 for j in range(step + 1)) and f"s{step + 1}" not in labels  # a score per key
+    assert any(f"of the {step + 1} scores" in t for t in labels)
     assert labels["append"] == 2 and labels["K cache"] == labels["V cache"] == 1
+
+
+def _box_of(fig, label):
+    """The (x0, y0, x1, y1) of the box whose centre holds the text ``label``."""
+    ax = fig.axes[0]
+    t = next(t for t in text_objects(fig) if t.get_text() == label)
+    x, y = t.get_position()
+    for p in ax.patches:
+        if isinstance(p, matplotlib.patches.FancyBboxPatch):
+            x0, y0, w, h = p.get_x(), p.get_y(), p.get_width(), p.get_height()
+            if x0 < x < x0 + w and y0 < y < y0 + h:
+                return x0, y0, x0 + w, y0 + h
+    raise AssertionError(f"no box around {label!r}")
+
+
+def _arrows(fig):
+    """The points of every arrow, as drawn (in inches)."""
+    return [p._path_original.vertices for p in fig.axes[0].patches
+            if isinstance(p, matplotlib.patches.FancyArrowPatch)]
+
+
+@pytest.mark.parametrize("step", [1, 4, 9])
+def test_kv_cache_output_is_fed_by_the_scores_and_the_values_not_the_keys(step):
+    fig = drawn(diagrams.kv_cache(step=step))
+    out = next(t for t in texts(fig) if t.startswith("output"))
+    x0, y0, x1, y1 = _box_of(fig, out)
+    into = [a for a in _arrows(fig) if x0 - 1e-6 <= a[-1][0] <= x1 + 1e-6 and y0 - 1e-6 <= a[-1][1] <= y1 + 1e-6]
+    rows = {name: (_box_of(fig, name)[1] + _box_of(fig, name)[3]) / 2 for name in (f"s{step}", "v0", "k0")}
+    starts = sorted(round(float(a[0][1]), 6) for a in into)
+    assert starts == sorted(round(rows[n], 6) for n in (f"s{step}", "v0"))  # from the scores and the values
+    # every key feeds its own score
+    for j in range(step + 1):
+        kx0, _, kx1, _ = _box_of(fig, f"s{j}")
+        assert any(kx0 < a[-1][0] < kx1 and abs(a[0][1] - a[-1][1]) > 0 for a in _arrows(fig)), j
 
 
 @pytest.mark.parametrize("step", [0, 10, 2.5])
@@ -271,6 +306,17 @@ def test_gpt_architecture_counts_what_the_model_holds(config):
     assert ("untied" in joined) == (not config.tie_embeddings)
     assert ("SwiGLU" in joined) == (config.mlp == "swiglu")
     assert joined.count("RMS\nNorm" if config.norm == "rmsnorm" else "Layer\nNorm") == 2  # one per sublayer
+    # each branch comes back down into the stream beside, never through, a box: the attention
+    # branch's + sits left of the MLP's norm (it once ran into it and read attention -> norm -> +)
+    boxes = [p for p in fig.axes[0].patches  # the labelled boxes, not the frame around the block
+             if isinstance(p, matplotlib.patches.FancyBboxPatch) and p.get_zorder() >= 2]
+    for a in _arrows(fig):
+        (xa, ya), (xb, yb) = a[-2], a[-1]
+        if abs(xa - xb) < 1e-9 and yb < ya:  # a last segment straight down: a branch coming back
+            for p in boxes:
+                x0, x1, y0, y1 = p.get_x(), p.get_x() + p.get_width(), p.get_y(), p.get_y() + p.get_height()
+                assert not (x0 - 0.05 < xa < x1 + 0.05 and y0 < ya and yb < y1), \
+                    f"the line down at x = {xa:.2f} runs into the box at x {x0:.2f} .. {x1:.2f}"
 
 
 @pytest.mark.parametrize("config, match", [

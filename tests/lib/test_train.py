@@ -256,3 +256,26 @@ def test_plot_history_draws_train_and_val():
     _, given = plt.subplots()
     assert T.plot_history(history, ax=given) is given
     plt.close("all")
+
+
+def test_evaluate_all_scores_every_target_once():
+    """evaluate_all is the mean of F.cross_entropy over every target ids[1:]: consecutive windows,
+    then a last one that ends at the last target and counts only the targets not yet scored."""
+    gpt = _model().eval()
+    S = gpt.config.context_length
+    ids = torch.randint(0, 256, (S * 5 + 8,), generator=torch.Generator().manual_seed(0))  # 87 targets
+    with torch.no_grad():
+        logits, _ = gpt(ids[:5 * S].view(5, S))  # targets 1 .. 80
+        nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[1:5 * S + 1], reduction="sum")
+        last, _ = gpt(ids[-S - 1:-1][None])  # the window whose targets end at the last index, 87
+        nll += torch.nn.functional.cross_entropy(last[0, -7:], ids[-7:], reduction="sum")  # targets 81 .. 87
+    gpt.train()
+    assert T.evaluate_all(gpt, ids, batch_size=2) == pytest.approx(nll.item() / (len(ids) - 1), rel=1e-5)
+    assert gpt.training  # the mode it had
+    exact = ids[:3 * S + 1]  # whole windows only
+    with torch.no_grad():
+        logits, _ = gpt.eval()(exact[:-1].view(3, S))
+        want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), exact[1:])
+    assert T.evaluate_all(gpt, exact) == pytest.approx(want.item(), rel=1e-5)
+    with pytest.raises(ValueError, match="at least context_length"):
+        T.evaluate_all(gpt, ids[:S])
