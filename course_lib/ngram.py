@@ -28,8 +28,8 @@ Counts are kept sparse: each m-gram is one integer (its tokens as digits in base
 and looked up with ``torch.searchsorted``, so a 4-gram over bytes (256**4 possible keys) costs
 memory only for the grams that occur.
 
-Left out: Kneser-Ney and other discounting schemes (better by a few hundredths of a nat on this
-text), sentence boundaries (the corpus is one stream) and pruning.
+Left out: Kneser-Ney and other discounting schemes, sentence boundaries (the corpus is one
+stream) and pruning.
 """
 
 from __future__ import annotations

@@ -1,11 +1,15 @@
-"""A small character-level GPT trained on Shakespeare, shipped with the library (for LoRA, RLHF).
+"""Small character-level GPTs trained on Shakespeare, shipped with the library (chapters 03, 08, 09).
 
-Later chapters start from a model that already writes something like Shakespeare instead of
-training one first: 0.84 M parameters, a context of 128 bytes, a validation loss of 1.54 nats
-per byte (a uniform guess is ln 256 = 5.55). :func:`load` reads it from
-``course_lib/checkpoints/``; :func:`build` trains it again from scratch with the fixed recipe
-:data:`SHAKESPEARE_CHAR`, in about 7 minutes on 2 CPU cores (``make checkpoint``, or
-``python -m course_lib.pretrained build [--max-steps N] [--out PATH]``)::
+Chapter 03 loads ``chapter03_char``, its own model trained ten times longer than the chapter's
+run (:data:`CHAPTER03_CHAR`: 0.43 M parameters, the chapter's first million characters and
+split), to compare it with count n-gram models. Later chapters start from ``shakespeare_char``, a
+model that already writes something like Shakespeare, instead of training one first: 0.84 M
+parameters, a context of 128 bytes, a validation loss of 1.54 nats per byte (a uniform guess is
+ln 256 = 5.55). :func:`load` reads them from
+``course_lib/checkpoints/``; :func:`build` trains one again from scratch with its fixed recipe
+(:data:`SHAKESPEARE_CHAR` in about 7 minutes on 2 CPU cores, :data:`CHAPTER03_CHAR` in a few;
+``make checkpoint`` builds both, ``python -m course_lib.pretrained build --name NAME
+[--max-steps N] [--out PATH]`` one)::
 
     shakespeare() --encode_corpus--> bytes (N,) --train_val_split--> train (0.9 N), val (0.1 N)
     GPT(spec.model) --train(spec.train)--> fp32 weights --fp16--> shakespeare_char.pt (< 2 MB)
@@ -42,7 +46,8 @@ from . import data
 from .model import GPT, ModelConfig
 from .train import TrainConfig, evaluate, train
 
-__all__ = ["Spec", "SHAKESPEARE_CHAR", "SPECS", "CHECKPOINT_DIR", "build", "load", "load_info", "main"]
+__all__ = ["Spec", "SHAKESPEARE_CHAR", "CHAPTER03_CHAR", "SPECS", "CHECKPOINT_DIR", "build", "load",
+           "load_info", "main"]
 
 CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
 _FORMAT = 1  # bump when the file's layout changes
@@ -75,7 +80,17 @@ SHAKESPEARE_CHAR = Spec(
     train=TrainConfig(max_steps=4000, batch_size=8, lr=4e-3, min_lr=1e-4, warmup_steps=200,
                       eval_every=1000, eval_batches=32, seed=0, device="auto", precision="fp32"),
 )
-SPECS = {SHAKESPEARE_CHAR.name: SHAKESPEARE_CHAR}
+# Chapter 03's own GPT (2 blocks, D = 128, RoPE, RMSNorm, SwiGLU; 0.43 M parameters), on chapter 03's
+# text and split (the first million characters), trained ten times longer than the chapter's own run
+CHAPTER03_CHAR = Spec(
+    name="chapter03_char",
+    model=ModelConfig(vocab_size=256, context_length=64, d_model=128, n_layers=2, n_heads=4,
+                      positional="rope", norm="rmsnorm", mlp="swiglu", attn_impl="sdpa"),
+    train=TrainConfig(max_steps=3600, batch_size=16, lr=3e-3, min_lr=3e-4, warmup_steps=100,
+                      eval_every=600, eval_batches=8, seed=0, device="auto", precision="fp32"),
+    max_chars=1_000_000,
+)
+SPECS = {spec.name: spec for spec in (SHAKESPEARE_CHAR, CHAPTER03_CHAR)}
 
 
 def _resolve(name: str | os.PathLike) -> Path:
@@ -156,22 +171,25 @@ def build(path: str | os.PathLike | None = None, *, max_steps: int | None = None
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m course_lib.pretrained build [--max-steps N] [--out PATH]``."""
+    """Command line: ``python -m course_lib.pretrained build [--name NAME] [--max-steps N] [--out PATH]``."""
     parser = argparse.ArgumentParser(prog="python -m course_lib.pretrained")
     sub = parser.add_subparsers(dest="command", required=True)
-    cmd = sub.add_parser("build", help=f"train {SHAKESPEARE_CHAR.name} from scratch and save it")
-    cmd.add_argument("--max-steps", type=int, default=None,
-                     help=f"shorter run (default: the recipe's {SHAKESPEARE_CHAR.train.max_steps})")
-    cmd.add_argument("--out", default=None, help=f"default: {CHECKPOINT_DIR}/{SHAKESPEARE_CHAR.name}.pt")
+    cmd = sub.add_parser("build", help="train the shipped checkpoints from scratch and save them")
+    cmd.add_argument("--name", choices=sorted(SPECS), default=None, help="only this one (default: all)")
+    cmd.add_argument("--max-steps", type=int, default=None, help="shorter runs (default: each recipe's own)")
+    cmd.add_argument("--out", default=None, help=f"with --name: the file (default: {CHECKPOINT_DIR}/NAME.pt)")
     cmd.add_argument("--threads", type=int, default=None,
                      help="torch CPU threads (default: torch's choice; 1 can be faster on a busy machine)")
     args = parser.parse_args(argv)
+    if args.out is not None and args.name is None:
+        parser.error("--out needs --name")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    path = build(args.out, max_steps=args.max_steps)
-    info = load_info(path)
-    print(f"{path}: {path.stat().st_size:,} bytes, val loss {info['val_loss']:.4f} nats/byte "
-          f"after {info['steps']} steps in {info['seconds']:.0f} s")
+    for spec in [SPECS[args.name]] if args.name else SPECS.values():
+        path = build(args.out, max_steps=args.max_steps, spec=spec)
+        info = load_info(path)
+        print(f"{path}: {path.stat().st_size:,} bytes, val loss {info['val_loss']:.4f} nats/byte "
+              f"after {info['steps']} steps in {info['seconds']:.0f} s")
     return 0
 
 

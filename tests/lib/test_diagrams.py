@@ -207,7 +207,7 @@ def test_kv_cache_shows_cached_and_new_rows(step):
         assert labels[f"k{j}"] == labels[f"v{j}"] == 1
     assert labels[f"k{step}"] == labels[f"v{step}"] == 2  # computed now, then appended
     assert labels[f"q{step}"] == 1 and f"k{step + 1}" not in labels
-    assert all(labels[f"s{j}"] == 1 for j in range(step + 1)) and f"s{step + 1}" not in labels  # a score per key
+    assert all(labels[f"s{j}"] == 1 for j in range(step + 1)) and f"s{step + 1}" not in labels  # one per key
     assert any(f"of the {step + 1} scores" in t for t in labels)
     assert labels["append"] == 2 and labels["K cache"] == labels["V cache"] == 1
 
@@ -236,7 +236,8 @@ def test_kv_cache_output_is_fed_by_the_scores_and_the_values_not_the_keys(step):
     fig = drawn(diagrams.kv_cache(step=step))
     out = next(t for t in texts(fig) if t.startswith("output"))
     x0, y0, x1, y1 = _box_of(fig, out)
-    into = [a for a in _arrows(fig) if x0 - 1e-6 <= a[-1][0] <= x1 + 1e-6 and y0 - 1e-6 <= a[-1][1] <= y1 + 1e-6]
+    into = [a for a in _arrows(fig)  # the arrows that end on the output box
+            if x0 - 1e-6 <= a[-1][0] <= x1 + 1e-6 and y0 - 1e-6 <= a[-1][1] <= y1 + 1e-6]
     rows = {name: (_box_of(fig, name)[1] + _box_of(fig, name)[3]) / 2 for name in (f"s{step}", "v0", "k0")}
     starts = sorted(round(float(a[0][1]), 6) for a in into)
     assert starts == sorted(round(rows[n], 6) for n in (f"s{step}", "v0"))  # from the scores and the values

@@ -57,3 +57,16 @@ def test_unknown_checkpoint_fails_clearly():
         P.load("nope")
     with pytest.raises(ValueError, match="unknown checkpoint"):
         P.load_info("nope")
+
+
+def test_chapter03_checkpoint_is_the_chapters_model_on_the_chapters_split():
+    spec = P.CHAPTER03_CHAR
+    path = P.CHECKPOINT_DIR / "chapter03_char.pt"
+    assert path.is_file() and path.stat().st_size < 2_000_000
+    info = P.load_info("chapter03_char")
+    assert M.ModelConfig(**info["model_config"]) == spec.model and info["steps"] == spec.train.max_steps
+    assert (info["corpus"]["max_chars"], info["corpus"]["val_fraction"]) == (1_000_000, 0.1)
+    model = P.load("chapter03_char")
+    assert model.config == spec.model and not model.training
+    _, val_ids = spec.corpus()
+    assert T.evaluate(model, val_ids, spec.train) == pytest.approx(info["val_loss"], abs=0.05)
