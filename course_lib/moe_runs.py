@@ -17,7 +17,8 @@ only its share of the tokens.)
 
 ``python -m course_lib.moe_runs train`` (``make moe-runs``) trains the runs missing from the CSV
 and appends one row per run and seed (it resumes after an interruption); the chapter reads the
-shipped ``course_lib/results/moe_runs.csv``. About 15 minutes on 2 CPU cores.
+shipped ``course_lib/results/moe_runs.csv``, which records each run's seconds (22 minutes in
+all on 2 CPU cores).
 
 This is an experiment *about* the MoE layer, so it lives beside :mod:`course_lib.moe` rather
 than in it, as :mod:`course_lib.scaling`'s sweep does for chapter 06: the layer depends on
