@@ -26,18 +26,18 @@ ROLE = re.compile(r"\{glue:text\}`([^`]+)`")  # {glue:text}`name`; text() format
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-def text(name: str, value, fmt: str = "") -> str:
-    """Glue ``format(value, fmt)`` under ``name`` for the prose; returns the text."""
+def text(name: str, value, fmt: str = "") -> None:
+    """Glue ``format(value, fmt)`` under ``name`` for the prose. Returns nothing, so that a call
+    on a cell's last line adds no output (the book would wrap it in the cell's figure)."""
     if not NAME.match(name):
         raise ValueError(f"glue name {name!r}: use lower-case letters, digits and _")
     shown = format(value, fmt)
     try:
         from IPython.display import display
     except ImportError:  # plain Python (the graders' runs): nothing to show
-        return shown
+        return
     display({PREFIX + "text/plain": shown}, raw=True,
             metadata={"scrapbook": {"name": name, "mime_prefix": PREFIX}})
-    return shown
 
 
 def values(nb) -> dict[str, str]:
