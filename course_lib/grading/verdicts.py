@@ -44,6 +44,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -510,9 +511,15 @@ def _install_hook(fd: int, trusted: tuple[str, ...], current: list[str]) -> None
 # --- the key and the judge ------------------------------------------------------------------------
 
 def run_elsewhere(req: dict, timeout: float, cwd: str | None = None) -> dict:
-    """:func:`run` in a runner process of its own, not sandboxed (the answer key, the self-test)."""
+    """:func:`run` in a runner process of its own, not sandboxed (the answer key, the self-test).
+
+    Its caches go to a folder of its own, removed after: importing torch._dynamo (a dispatch mode
+    does) makes ``/tmp/torchinductor_<user>``, and grading leaves nothing behind in a shared /tmp."""
     cmd = [sys.executable, "-m", "course_lib.grading.verdicts", "run"]
-    proc = subprocess.run(cmd, input=json.dumps(req), capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    with tempfile.TemporaryDirectory(prefix="course-runner-") as caches:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": caches, "TRITON_CACHE_DIR": caches}
+        proc = subprocess.run(cmd, input=json.dumps(req), capture_output=True, text=True, timeout=timeout,
+                              cwd=cwd, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"the grading runner failed: {proc.stderr[-2000:]}")
     return json.loads(proc.stdout)
