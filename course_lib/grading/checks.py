@@ -43,8 +43,10 @@ here, to the recorded data. ``_session`` is what a check reports to while that h
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -52,7 +54,7 @@ import torch
 
 __all__ = [
     "assert_close", "assert_equal", "assert_true", "assert_grads_close", "assert_raises", "call_unchanged",
-    "number", "rng", "to_float64", "tolerance",
+    "forbidding", "number", "rng", "to_float64", "tolerance",
 ]
 
 # Unit roundoff (half the machine epsilon) of each floating-point format.
@@ -311,6 +313,61 @@ def _judge_unchanged(changed, expected, what: str) -> None:
                              "it must leave its inputs as they were")
 
 
+def _name(fn) -> str:
+    """``torch.logsumexp``, ``Tensor.logsumexp``, ``torch.nn.functional.log_softmax``."""
+    if hasattr(fn, "__objclass__"):  # a tensor method
+        return f"Tensor.{fn.__name__}"
+    module = getattr(fn, "__module__", None) or "torch"
+    return f"{'torch' if module.startswith('torch._') else module}.{fn.__name__}"
+
+
+class _CallWatch(torch.overrides.TorchFunctionMode):
+    """Sees every torch function and tensor method the code inside calls directly, however it
+    was named (``torch.logsumexp``, ``x.logsumexp()``, an alias made at import time)."""
+
+    def __init__(self, funcs, called: list[str]):
+        super().__init__()
+        self.funcs, self.called = funcs, called
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.funcs and _name(func) not in self.called:
+            self.called.append(_name(func))
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def forbidding(functions: Sequence[Callable], what: str):
+    """Fail the check ``what`` if the code inside the block calls any of ``functions``, the
+    built-ins an exercise asks the student not to use. Torch functions and tensor methods are
+    seen through a torch-function mode and Python functions (``torch.nn.utils.clip_grad_norm_``,
+    ``course_lib``'s own) through their code objects, so renaming or aliasing a function does not
+    hide the call; the calls are recorded and judged after the block, so catching an exception
+    inside does not hide them either. Calls made *by* a watched torch function are not counted."""
+    codes = {f.__code__: _name(f) for f in functions if hasattr(f, "__code__")}
+    called: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code in codes and codes[frame.f_code] not in called:
+            called.append(codes[frame.f_code])
+
+    previous = sys.getprofile()
+    if codes:  # a profile hook slows every call, so only when there is a Python function to see
+        sys.setprofile(profile)
+    try:
+        with _CallWatch(frozenset(functions), called):
+            yield
+    finally:
+        sys.setprofile(previous)
+        _check("forbidden", what, list(called), [])
+
+
+def _judge_forbidden(called, expected, what: str) -> None:
+    if called:
+        name = called[0] if isinstance(called, list) else repr(called)
+        raise AssertionError(f"{what}: the answer called {name}, which this exercise asks you not to use; "
+                             "compute it yourself")
+
+
 def _grads(fn: Callable, inputs: Sequence[torch.Tensor], weights_seed: int, what: str):
     leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
     out = fn(*leaves)
@@ -374,4 +431,4 @@ def _judge_raises(raised, expected: list, what: str) -> None:
 
 
 JUDGES = {"close": _judge_close, "equal": _judge_equal, "unchanged": _judge_unchanged,
-          "grads": _judge_grads, "raises": _judge_raises, "true": _judge_true}
+          "grads": _judge_grads, "raises": _judge_raises, "true": _judge_true, "forbidden": _judge_forbidden}

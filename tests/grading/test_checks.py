@@ -3,6 +3,8 @@ formulation and rejects wrong ones, checks types only when asked, and says what 
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -137,6 +139,44 @@ def test_call_unchanged_catches_an_in_place_answer():
         checks.call_unchanged(lambda t: t.mul_(2), x, what="double")
     with pytest.raises(AssertionError, match="argument 'mask'"):
         checks.call_unchanged(lambda t, mask: mask.fill_(False), x, mask=torch.ones(3, dtype=torch.bool), what="m")
+
+
+_LOGSUMEXP = torch.logsumexp  # an alias made before the check, as an answer cell might
+
+
+def _clip(x):
+    p = torch.nn.Parameter(x.clone())
+    p.grad = x.clone()
+    from torch.nn.utils import clip_grad_norm_ as renamed
+    return renamed([p], 1.0)
+
+
+def _swallowed(x):
+    try:
+        return torch.nn.functional.log_softmax(x, -1)
+    except Exception:
+        return None
+
+
+@pytest.mark.parametrize("answer, called", [
+    (lambda x: _LOGSUMEXP(x, -1), "torch.logsumexp"),
+    (lambda x: x.logsumexp(-1), "Tensor.logsumexp"),
+    (lambda x: torch.nn.functional.cross_entropy(x, torch.zeros(3, dtype=torch.long)),
+     "torch.nn.functional.cross_entropy"),
+    (_clip, "torch.nn.utils.clip_grad.clip_grad_norm_"),
+    (_swallowed, "torch.nn.functional.log_softmax"),
+])
+def test_forbidding_sees_a_call_however_it_is_named(answer, called):
+    forbidden = [torch.logsumexp, torch.Tensor.logsumexp, torch.nn.functional.log_softmax,
+                 torch.nn.functional.cross_entropy, torch.nn.utils.clip_grad_norm_]
+    x = torch.randn(3, 4, generator=checks.rng(0))
+    with pytest.raises(AssertionError, match=f"log-sum-exp by hand: the answer called {called}, "):
+        with checks.forbidding(forbidden, "log-sum-exp by hand"):
+            answer(x)
+    with checks.forbidding(forbidden, "log-sum-exp by hand"):  # the same computation written out passes
+        m = x.max(-1, keepdim=True).values
+        ((x - m).exp().sum(-1, keepdim=True).log() + m).squeeze(-1)
+    assert sys.getprofile() is None
 
 
 def test_gradients_by_value():
