@@ -112,6 +112,30 @@ def test_no_formula_is_split_before_a_list_marker(path):
     assert _lines_that_break_inline_math(markdown) == []
 
 
+def _authors_named_twice(markdown: str) -> list[str]:
+    """"Elhage et al. {cite:p}`Elhage2021`" reads "Elhage et al. (Elhage et al., 2021)": a
+    citation that follows its own author's name should be ``{cite:t}``, which writes the name once."""
+    pattern = r"([A-Z][\w-]+)(?: and [A-Z][\w-]+)?(?: et al\.)?\s+\{cite:p\}`([A-Za-z-]+)\d{4}\w?`"
+    return [m.group(0) for m in re.finditer(pattern, markdown)
+            if m.group(1).lower() == m.group(2).lower()]
+
+
+def test_the_citation_check_finds_an_author_named_twice():
+    assert _authors_named_twice("Liu et al.\n{cite:p}`Liu2020` and GShard {cite:p}`Lepikhin2021`") == \
+        ["Liu et al.\n{cite:p}`Liu2020`"]
+    assert _authors_named_twice("{cite:t}`Liu2020` showed it {cite:p}`Xiong2020`; Kaplan's fit {cite:p}`Kaplan2020`") == []
+
+
+@pytest.mark.parametrize("path", ALL_NOTEBOOKS + sorted((ROOT / "book").glob("*.md")),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_author_is_named_twice_by_a_citation(path):
+    if path.suffix == ".md":
+        markdown = path.read_text(encoding="utf-8")
+    else:
+        markdown = "\n\n".join(c.source for c in notebook.read(path).cells if c.cell_type == "markdown")
+    assert _authors_named_twice(markdown) == []
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_every_exercise_has_visible_and_hidden_tests(chapter):
     nb = notebook.read(config.solution_path(chapter))
