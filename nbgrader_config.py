@@ -5,13 +5,15 @@ collected submissions, autograded copies, feedback and the gradebook live under 
 The per-cell time limit comes from _config.yml (execute.timeout), like everywhere else.
 """
 
+import os
+
+import nbgrader
 from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
 from nbgrader.preprocessors import (
     AssignLatePenalties,
     CheckCellMetadata,
     ClearOutput,
     DeduplicateIds,
-    GetGrades,
     IgnorePattern,
     LimitOutput,
     OverwriteCells,
@@ -20,7 +22,7 @@ from nbgrader.preprocessors import (
 )
 
 from course_lib.grading import config as course
-from course_lib.grading.feedback import HideTests, SanitizeOutputs
+from course_lib.grading.feedback import TEMPLATES, HideTests, NameGrades, SanitizeOutputs
 from course_lib.grading.preprocessors import RepairTestCells
 from course_lib.grading.sandbox import SandboxedExecute
 
@@ -58,10 +60,18 @@ c.Autograde.autograde_preprocessors = [
     CheckCellMetadata,
 ]
 # Feedback goes to students: no hidden test in it (sanitising again costs nothing and covers
-# notebooks autograded before SanitizeOutputs existed). nbgrader's own two come after.
+# notebooks autograded before SanitizeOutputs existed). Then nbgrader's GetGrades, extended to name
+# each grade by its exercise and to mark written answers not graded yet, for the course's page.
 c.GenerateFeedback.preprocessors = [
     SanitizeOutputs,
     HideTests,
-    GetGrades,
+    NameGrades,
     CSSHTMLHeaderPreprocessor,
+]
+# The page: course_lib/grading/templates/feedback/course_feedback.html.j2, which extends nbgrader's.
+c.HTMLExporter.template_name = "feedback"
+c.HTMLExporter.template_file = "course_feedback.html.j2"
+c.HTMLExporter.extra_template_basedirs = [
+    os.path.join(os.path.dirname(nbgrader.__file__), "server_extensions", "formgrader", "templates"),
+    TEMPLATES,
 ]

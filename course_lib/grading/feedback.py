@@ -15,6 +15,11 @@ Two nbgrader preprocessors, registered in ``nbgrader_config.py``:
     live, and a raw cell's format can be HTML);
   * notebook widget state is dropped (the HTML template embeds it in a ``<script>``).
 
+- :class:`NameGrades` (nbgrader's ``GetGrades``, extended) labels each graded cell for the
+  feedback page (``templates/course_feedback``) by its exercise, as the self-check names it
+  (``ex_lr_at: tests``, ``ex_weight_tying: written answer``), and marks a written answer that no
+  one has graded yet, which the page shows as "not graded yet" rather than "Score 0.0 / 2.0".
+
 - :class:`HideTests` runs in ``generate_feedback``, after :class:`SanitizeOutputs` once more
   (a no-op on a notebook it has seen; it covers ones autograded without it). Each hidden block
   of a cell becomes the one line ``# (hidden tests)``, a test cell's traceback (IPython prints
@@ -32,10 +37,11 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
+from pathlib import Path
 
 import nbformat
 from nbformat.v4 import new_output
-from nbgrader.preprocessors import NbGraderPreprocessor
+from nbgrader.preprocessors import GetGrades, NbGraderPreprocessor
 
 from . import config
 from .notebook import HIDDEN_BEGIN, HIDDEN_END, HIDDEN_PLACEHOLDER, hide_blocks  # noqa: F401
@@ -249,3 +255,27 @@ class HideTests(NbGraderPreprocessor):
                 outputs.append(redact(output) if any(s in text for s in secrets) else output)
             cell.outputs = outputs
         return nb, resources
+
+
+TEMPLATES = str(Path(__file__).parent / "templates")  # the feedback page: course_feedback/
+
+
+def grade_label(grade_id: str, cell) -> str:
+    """How the feedback page names a graded cell: by its exercise, as the self-check does."""
+    if cell.get("cell_type") == "code" and not cell.metadata.nbgrader.get("solution"):
+        return f"{grade_id.removesuffix(config.TEST_SUFFIX)}: tests"
+    return f"{grade_id}: written answer" if cell.get("cell_type") == "markdown" else f"{grade_id}: answer"
+
+
+class NameGrades(GetGrades):
+    """nbgrader's GetGrades, plus a label per graded cell and ``pending`` for a grade that still
+    waits for a person (``resources['nbgrader']['pending_points']`` sums their points)."""
+
+    def _get_score(self, cell, resources):
+        meta = cell.metadata.nbgrader
+        grade = self.gradebook.find_grade(meta["grade_id"], self.notebook_id, self.assignment_id, self.student_id)
+        meta["score"], meta["points"] = grade.score, grade.max_score
+        meta["pending"] = bool(grade.needs_manual_grade)
+        meta["label"] = grade_label(meta["grade_id"], cell)
+        pending = resources["nbgrader"].get("pending_points", 0.0)
+        resources["nbgrader"]["pending_points"] = pending + (grade.max_score if meta["pending"] else 0.0)

@@ -208,23 +208,39 @@ def test_nbgraders_generate_feedback_with_the_course_configuration(tmp_path):
     (course / "solutions" / ASSIGNMENT).mkdir(parents=True)
     (course / "grading").mkdir()
     shutil.copy(ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
+    written = new_markdown_cell("Why does add commute?", metadata=_meta(
+        "ex_why", grade=True, solution=True, locked=False, points=2.0))  # graded by a person, later
     source = autograded()  # the instructor's notebook: the same cells, an answer, no outputs
     for cell in source.cells[1:3]:
         cell.outputs = []
     source.cells[1].source = "def add(a, b):\n    ### BEGIN SOLUTION\n    return a + b\n    ### END SOLUTION"
+    source.cells.append(written)
     nbformat.write(source, str(course / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"))
     _nbgrader("generate_assignment", course)
     with Gradebook(f"sqlite:///{course / 'grading' / 'gradebook.db'}") as gb:
         gb.add_student("alice")
         gb.add_submission(ASSIGNMENT, "alice")
+        test = gb.find_grade("ex_add_test", ASSIGNMENT, ASSIGNMENT, "alice")
+        test.auto_score, test.needs_manual_grade = 0.0, False  # as autograde leaves a failed test
+        gb.db.commit()
     autograded_path = course / "grading" / "autograded" / "alice" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
     autograded_path.parent.mkdir(parents=True)
-    nbformat.write(autograded(), str(autograded_path))
+    submission = autograded()
+    submission.cells.append(nbformat.from_dict(dict(written, source="Because + does.")))
+    nbformat.write(submission, str(autograded_path))
     _nbgrader("generate_feedback", course)
     page = (course / "grading" / "feedback" / "alice" / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
     if os.environ.get("KEEP_FEEDBACK"):
         Path(os.environ["KEEP_FEEDBACK"]).write_text(page)
     _assert_safe_feedback(page)
+    # Each grade is named by its exercise, as the self-check names it; a written answer no one has
+    # graded yet says so instead of scoring 0.
+    toc = page.split('<div id="toc">', 1)[1].split("</ol>", 1)[0]
+    assert "Test cell" not in page and "Written response" not in page
+    assert re.search(r">ex_add: tests</a> \(Score: 0\.0 / 2\.0\)", toc), toc
+    assert re.search(r">ex_why: written answer</a> \(not graded yet, 2\.0 points\)", toc), toc
+    assert "2.0 points not graded yet" in page.split('<div id="toc">', 1)[0]
+    assert "Because + does." in page
 
 
 def test_the_configuration_sanitises_right_after_the_sandboxed_run():
