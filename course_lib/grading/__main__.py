@@ -31,11 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("book", help="build the HTML book")
     p.add_argument("--only", metavar="CHAPTER",
                    help="only run this chapter and record the values its prose quotes (for release)")
-    p = sub.add_parser("collect", help="file a zip or folder of submissions for grading")
-    p.add_argument("chapter")
-    p.add_argument("source", type=Path)
-    p.add_argument("--pattern", help="regex on file names with a 'student' group")
-    p.add_argument("--grading-dir", type=Path, default=None)
+    p = sub.add_parser("collect", help="file a zip or folder of submissions for grading",
+                       description="File an LMS export (a zip or a folder) under grading/submitted/, one "
+                       "folder per student, keyed by the LMS's own id.",
+                       epilog=collect.NAMING_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("chapter", help="the chapter, e.g. 03 or 03_transformer")
+    p.add_argument("source", type=Path, help="the LMS's zip file or a folder")
+    p.add_argument("--pattern", help="your own regex on file names, with a 'student' and/or an 'id' group "
+                   "(and optionally 'timestamp'), used instead of the built-in ones")
+    p.add_argument("--grading-dir", type=Path, default=None, help="default: grading/ in the repository")
     p = sub.add_parser("grade", help="autograde the collected submissions of one chapter")
     p.add_argument("chapter")
     p.add_argument("--grading-dir", type=Path, default=None)

@@ -64,6 +64,13 @@ PATTERNS = {
     "canvas": r"^(?P<student>[^\W_]+)_(?:late_)?(?P<id>\d+)_\d+_.+$",
 }
 NOT_REGULAR = "not a regular file"
+NAMING_HELP = """file names understood (the first that fits; a file in a folder belongs to its top folder):
+  blackboard  HW1_jdoe_attempt_2026-11-20-10-00-00_nb.ipynb     -> jdoe
+  moodle      Jane Doe_1234_assignsubmission_file_nb.ipynb      -> Jane_Doe_1234
+              (or a folder "Jane Doe_1234_assignsubmission_file_/")
+  canvas      doejane_12345_67890_nb.ipynb (late_ allowed)      -> doejane_12345
+  a folder    jdoe/anything.ipynb                               -> jdoe
+anything else: pass --pattern, e.g. --pattern '(?P<student>[^_]+)_.*'"""
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -50,6 +52,13 @@ def every_file(folder):
 def test_student_is_keyed_by_the_lms_id_in_each_naming_scheme(name, key, display, lms_id):
     student, _ = collect.student_of(name)
     assert (student.key, student.name, student.lms_id) == (key, display, lms_id)
+
+
+def test_the_naming_schemes_in_collects_help_are_the_ones_it_applies():
+    examples = re.findall(r"^  \w[\w ]*?\s{2,}(\S.*?\.ipynb).*?->\s+(\S+)$", collect.NAMING_HELP, re.M)
+    assert len(examples) == 4
+    for name, key in examples:
+        assert collect.student_of(name)[0].key == key, name
 
 
 def test_names_keep_their_letters_in_every_script():
