@@ -362,8 +362,9 @@ def train(model: nn.Module, train_ids: torch.Tensor, val_ids: torch.Tensor, conf
     t0 = time.perf_counter() - (history.seconds[-1] if history.seconds else 0.0)
     ddp = _data_parallel(model, device, world)  # model itself when W == 1
     model.train()
-    bar = tqdm(range(start, end), initial=start, total=config.max_steps, desc="train",
-               disable=not progress or rank != 0)
+    # A run told to stop early (stop_at) ends its bar full: a partial bar reads as a failure.
+    bar = tqdm(range(start, end), initial=start, total=end, disable=not progress or rank != 0,
+               desc="train" if end == config.max_steps else f"train (to step {end} of {config.max_steps})")
     for step in bar:
         if step % config.eval_every == 0:
             history.val_steps.append(step)

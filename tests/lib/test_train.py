@@ -211,6 +211,34 @@ def test_resume_gives_the_same_losses_as_not_stopping(abc_ids, tmp_path, optimiz
         assert torch.equal(a, b), name
 
 
+def test_a_run_stopped_on_purpose_ends_its_progress_bar_full(abc_ids, monkeypatch):
+    """A notebook trains in several cells with stop_at; each cell's bar must end full (a bar
+    short of its total is drawn red in Jupyter, as if the run had failed)."""
+    bars = []
+
+    class Bar:
+        def __init__(self, iterable, *, initial, total, desc, disable):
+            self.iterable, self.n, self.total, self.desc = iterable, initial, total, desc
+            bars.append(self)
+
+        def __iter__(self):
+            for item in self.iterable:
+                yield item
+                self.n += 1
+
+        def set_postfix(self, **kwargs):
+            pass
+
+    monkeypatch.setattr(T, "tqdm", Bar)
+    train_ids, val_ids = abc_ids
+    tc = dataclasses.replace(FAST, max_steps=12, eval_every=4)
+    model = _model()
+    T.train(model, train_ids, val_ids, tc, stop_at=5)
+    T.train(model, train_ids, val_ids, tc)  # the whole run, from the start
+    assert [(b.n, b.total) for b in bars] == [(5, 5), (12, 12)]
+    assert bars[0].desc == "train (to step 5 of 12)" and bars[1].desc == "train"
+
+
 def test_resume_needs_a_checkpoint(abc_ids, tmp_path):
     train_ids, val_ids = abc_ids
     for path in (None, str(tmp_path / "missing.pt")):
