@@ -92,7 +92,8 @@ nbval: $(STAMP)
 # The students' Lab: nbgrader's instructor panels (formgrader, create assignment, course list)
 # are switched off by the page config in course_lib/grading/student_lab (make formgrader keeps them).
 lab: $(STAMP)
-	JUPYTER_CONFIG_PATH=$(CURDIR)/course_lib/grading/student_lab $(BIN)/jupyter lab notebooks/ $(AS_ROOT) $(LAB_ARGS)
+	JUPYTER_CONFIG_PATH=$(CURDIR)/course_lib/grading/student_lab JUPYTER_PATH=$(CURDIR)/course_lib/grading/student_lab \
+		$(BIN)/jupyter lab notebooks/ $(AS_ROOT) $(LAB_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_bpe.py

