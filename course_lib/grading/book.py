@@ -215,14 +215,31 @@ def measure(chapter: str) -> tuple[nbformat.NotebookNode, float, list[str]]:
     return nb, seconds, figure_problems
 
 
-def substitutions(timings: dict[str, dict]) -> dict[str, str]:
-    """What the book's own pages quote of this build, on the machine that built it:
-    ``chapter_NN_seconds`` for each chapter, ``slowest_chapter_seconds``, and ``chapters_minutes``,
-    the time to run them all (MyST substitutions: ``{{ chapter_03_seconds }}``)."""
+SELFCHECK_RECORD = config.root() / "book" / "measured" / "selfcheck.json"  # benchmarks/bench_selfcheck.py
+
+
+def substitutions(timings: dict[str, dict], selfcheck: dict | None = None) -> dict[str, str]:
+    """What the book's own pages quote (MyST substitutions: ``{{ chapter_03_seconds }}``).
+
+    Of this build, on the machine that built it: ``chapter_NN_seconds`` for each chapter,
+    ``slowest_chapter_seconds``, and ``chapters_minutes``, the time to run them all. Of the
+    self-check's last benchmark (``selfcheck``, the record of ``benchmarks/bench_selfcheck.py``;
+    ``SELFCHECK_RECORD`` when None): ``selfcheck_NN_seconds`` (the whole notebook),
+    ``selfcheck_NN_exercise_seconds`` (its slowest exercise alone), ``selfcheck_exercise_seconds``
+    (the slowest of all), ``selfcheck_machine`` and ``selfcheck_date``."""
     seconds = {c[:2]: t["seconds"] for c, t in timings.items()}
     out = {f"chapter_{nn}_seconds": f"{s:.0f}" for nn, s in seconds.items()}
     out["slowest_chapter_seconds"] = f"{max(seconds.values(), default=0):.0f}"
     out["chapters_minutes"] = f"{sum(seconds.values()) / 60:.1f}"
+    if selfcheck is None:
+        selfcheck = json.loads(SELFCHECK_RECORD.read_text()) if SELFCHECK_RECORD.exists() else {}
+    runs = selfcheck.get("chapters", {})
+    for chapter, run in runs.items():
+        out[f"selfcheck_{chapter[:2]}_seconds"] = f"{run['whole']:.0f}"
+        out[f"selfcheck_{chapter[:2]}_exercise_seconds"] = f"{max(run['exercises'].values()):.1f}"
+    if runs:
+        out["selfcheck_exercise_seconds"] = f"{max(max(r['exercises'].values()) for r in runs.values()):.1f}"
+        out["selfcheck_machine"], out["selfcheck_date"] = selfcheck["machine"], selfcheck["date"]
     return out
 
 
