@@ -14,13 +14,16 @@ only the set-up cells and that exercise's two cells run, in seconds. Each
 exercise gets PASS, FAIL (the error, the line that failed and, for a bare ``assert``, the values
 it compared) or TODO (still ``raise NotImplementedError()``); each written question ANSWERED or
 TODO (your instructor grades those by hand). Only the visible tests run here; the grader adds
-hidden ones. The exit status is 0 only if every exercise passes and every written question is
-answered.
+hidden ones. A PASS comes with a warning when the answer uses a name that only another of your
+cells defines: the grader runs each answer with the set-up cells alone. The exit status is 0 only
+if every exercise passes and every written question is answered.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import builtins
 import json
 import logging
 import sys
@@ -136,6 +139,40 @@ def _failure(error: tuple[str, str], where: dict, cells: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def _names(source: str) -> tuple[set[str], set[str]]:
+    """(names a cell binds anywhere, names it reads) by its syntax; empty for a cell that is not
+    plain Python (a magic): the warning below is advice and must never be wrong."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set(), set()
+    bound, read = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.alias):
+            bound.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    return bound, read
+
+
+def borrowed_names(nb, ex: notebook.Exercise) -> list[str]:
+    """Names the answer reads that only another of the notebook's cells defines (not the set-up
+    cells, not the answer itself): the grader runs each answer with the set-up cells alone, so
+    there they do not exist, though the self-check, which runs the cells in one kernel, passes."""
+    setup = {name for i in notebook.setup_cells(nb) for name in _names(nb.cells[i].source)[0]}
+    bound, read = _names(nb.cells[ex.solution_cell].source)
+    candidates = read - bound - setup - set(dir(builtins))
+    elsewhere = {name for i, c in enumerate(nb.cells) if c.cell_type == "code" and i != ex.solution_cell
+                 for name in _names(c.source)[0]}
+    return sorted(candidates & elsewhere)
+
+
 def _client(nb, path: Path, timeout: int | None) -> NotebookClient:
     quiet = logging.getLogger("course_lib.selfcheck")  # nbclient's own log would print tracebacks
     quiet.setLevel(logging.CRITICAL)
@@ -207,6 +244,10 @@ def check(path: Path, timeout: int | None = None, exercise: str | None = None,
             results.append(Result(ex.name, "FAIL", _failure(sol_err, where.get(ex.solution_cell, {}), cells)))
         elif test_err:
             results.append(Result(ex.name, "FAIL", _failure(test_err, where.get(ex.test_cell, {}), cells)))
+        elif borrowed := borrowed_names(nb, ex):
+            names = ", ".join(f"`{n}`" for n in borrowed)
+            results.append(Result(ex.name, "PASS", f"but it uses {names} from another cell, and the grader runs "
+                                  "each answer with the set-up cells only: define them in the answer's cell"))
         else:
             results.append(Result(ex.name, "PASS"))
     return results

@@ -182,6 +182,22 @@ def test_a_cell_past_the_limit_fails_by_name_and_the_next_exercise_still_runs(tm
     assert results[0].detail == "your solution: the cell ran past the limit of 3 s per cell"
 
 
+def test_an_answer_that_uses_a_helper_from_another_cell_passes_with_a_warning(tmp_path):
+    """The grader runs each answer with the set-up cells only, so the helper will be missing
+    there: the self-check says so instead of a plain PASS."""
+    borrowing = ("double", "def double(x):\n    return times(x, 2)", DOUBLE_TEST)
+    path = _notebook(tmp_path / "nb.ipynb", borrowing)
+    nb = notebook.read(path)
+    nb.cells.insert(1, nbformat.v4.new_code_cell("def times(a, b):\n    return a * b\n%timeit 1"))
+    nb.cells.insert(1, nbformat.v4.new_code_cell("def times(a, b):\n    return a * b"))
+    write(nb, path)
+    [result] = check.check(path)
+    assert result.status == "PASS"
+    assert result.detail.startswith("but it uses `times` from another cell, and the grader runs each answer")
+    kept = ("double", "def times(a, b):\n    return a * b\n\ndef double(x):\n    return times(x, 2)", DOUBLE_TEST)
+    assert [(r.status, r.detail) for r in check.check(_notebook(tmp_path / "ok.ipynb", kept))] == [("PASS", "")]
+
+
 def test_cells_after_the_last_graded_cell_do_not_run(tmp_path):
     marker = tmp_path / "ran"
     path = _notebook(tmp_path / "nb.ipynb", DOUBLE,
