@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -343,7 +344,10 @@ def forbidding(functions: Sequence[Callable], what: str):
     ``course_lib``'s own) through their code objects, so renaming or aliasing a function does not
     hide the call; the calls are recorded and judged after the block, so catching an exception
     inside does not hide them either. Calls made *by* a watched torch function are not counted."""
-    codes = {f.__code__: _name(f) for f in functions if hasattr(f, "__code__")}
+    # A decorated function's own code, not its decorator's wrapper (shared by every function
+    # @torch.no_grad() decorates, the student's own among them).
+    unwrapped = [inspect.unwrap(f) for f in functions]
+    codes = {f.__code__: _name(f) for f in unwrapped if hasattr(f, "__code__")}
     called: list[str] = []
 
     def profile(frame, event, arg):

@@ -179,6 +179,18 @@ def test_forbidding_sees_a_call_however_it_is_named(answer, called):
     assert sys.getprofile() is None
 
 
+def test_forbidding_a_decorated_function_does_not_forbid_its_decorator():
+    @torch.no_grad()
+    def own_clip(params, max_norm):  # a student's, decorated like torch's clip_grad_norm_
+        return max_norm
+
+    with checks.forbidding([torch.nn.utils.clip_grad_norm_], "clip by hand"):
+        own_clip([], 1.0)
+    with pytest.raises(AssertionError, match="clip_grad_norm_"):
+        with checks.forbidding([torch.nn.utils.clip_grad_norm_], "clip by hand"):
+            torch.nn.utils.clip_grad_norm_([torch.nn.Parameter(torch.ones(2))], 1.0)
+
+
 def test_gradients_by_value():
     x = torch.randn(3, 5, generator=checks.rng(2))
     w = torch.randn(5, 4, generator=checks.rng(3))
