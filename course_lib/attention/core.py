@@ -9,12 +9,14 @@ Two paths, one answer (a test checks they agree, values and gradients):
 
 * ``impl="naive"``: the formula written out, softmax in fp32, returns the weights if asked;
 * ``impl="sdpa"``: ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels).
-  A plain causal mask with ``S == Sk`` is passed as ``is_causal=True`` so the kernel can skip
-  the masked half instead of reading a materialised mask.
+  ``is_causal=True`` (instead of a mask, ``S == Sk``) lets the kernel skip the masked half
+  instead of reading a materialised mask; the model passes it for plain causal attention.
 
 A query row whose mask allows *no* key (say a padded query under a padding and causal mask)
 gives a zero output and zero gradients on both paths, never NaN: softmax over all -inf is
-0/0, so such rows are unmasked for the softmax and multiplied by 0 afterwards.
+0/0, so such rows are unmasked for the softmax and multiplied by 0 afterwards. Nothing here
+reads a tensor's values on the host (no ``.item()``, ``bool(t)`` or ``torch.equal``), so on a
+GPU an attention call never waits for the device: the rows are found and fixed on the device.
 
 ``repeat_kv`` expands grouped key/value heads for GQA (see ``multihead``);
 ``nadaraya_watson`` is the Gaussian-kernel regression that attention generalises. Left out:
@@ -55,21 +57,14 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
                          f"shape {scores_shape} (..., S, Sk)")
 
 
-def _is_plain_causal(mask: Tensor, S: int, Sk: int) -> bool:
-    """True if ``mask`` is exactly ``causal_mask(S)`` (as a 2-D tensor, S == Sk)."""
-    if mask.dim() != 2 or S != Sk or tuple(mask.shape) != (S, Sk):
-        return False
-    causal = torch.ones(S, S, dtype=torch.bool, device=mask.device).tril()  # (S, S)
-    return torch.equal(mask, causal)
-
-
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
-                                 impl: str = "naive", scale: float | None = None,
+                                 is_causal: bool = False, impl: str = "naive", scale: float | None = None,
                                  return_weights: bool = False, dropout_p: float = 0.0):
     """softmax(q k^T * scale, masked) v, for q (B, H, S, Dh), k (B, H, Sk, Dh), v (B, H, Sk, Dv).
 
     Any leading dims work as long as they broadcast. ``mask``: bool, True = may attend,
-    broadcastable to ``(B, H, S, Sk)``. ``scale`` defaults to ``1 / sqrt(Dh)``. Returns
+    broadcastable to ``(B, H, S, Sk)``; or ``is_causal=True`` for the causal mask of ``S == Sk``
+    without building it (no mask then). ``scale`` defaults to ``1 / sqrt(Dh)``. Returns
     ``out`` (B, H, S, Dv), or ``(out, weights)`` with weights (B, H, S, Sk) when
     ``return_weights`` (naive path only). ``dropout_p`` drops attention weights (training).
 
@@ -86,20 +81,24 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
                          f"weights), got impl={impl!r}")
     _check_inputs(q, k, v, mask)
     S, Sk, Dh = q.shape[-2], k.shape[-2], q.shape[-1]
+    if is_causal and (mask is not None or S != Sk):
+        raise ValueError(f"is_causal=True takes no mask and needs as many queries as keys, got "
+                         f"{'a mask' if mask is not None else 'no mask'} and S={S}, Sk={Sk}")
     scale = 1.0 / math.sqrt(Dh) if scale is None else scale
 
-    # Rows with no allowed key: let them attend everywhere, then zero them (no 0/0 = NaN).
+    # Rows with no allowed key: let them attend everywhere, then zero them (no 0/0 = NaN). Found
+    # on the device whether or not there are any (testing for them first would wait for it).
     keep = None
-    if mask is not None and not bool(mask.any(-1).all()):
+    if mask is not None:
         keep = mask.any(-1, keepdim=True)  # (..., S, Sk) -> (..., S, 1)
         mask = mask | ~keep  # fully masked rows become fully open
 
     if impl == "sdpa":
-        if mask is not None and keep is None and _is_plain_causal(mask, S, Sk):
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, dropout_p=dropout_p)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, dropout_p=dropout_p)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                             dropout_p=dropout_p)
         return out if keep is None else out * keep  # (..., S, Dv)
+    if is_causal:  # no row is fully masked
+        mask = torch.ones(S, Sk, dtype=torch.bool, device=q.device).tril()  # (S, Sk)
 
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., S, Dh) @ (..., Dh, Sk) -> (..., S, Sk)
     if mask is not None:

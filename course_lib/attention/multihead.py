@@ -35,8 +35,8 @@ __all__ = ["MultiHeadAttention"]
 class MultiHeadAttention(nn.Module):
     """Multi-head attention; ``n_kv_heads`` < ``n_heads`` gives GQA, 1 gives MQA (chapter 02).
 
-    ``forward(x, context=None, *, mask=None, cache=None, rotary=None, positions=None,
-    return_weights=False)``:
+    ``forward(x, context=None, *, mask=None, is_causal=False, cache=None, rotary=None,
+    positions=None, return_weights=False)``:
 
     * x ``(B, S, D)``; ``context`` ``(B, Sk, kv_dim)`` for cross-attention (keys and values
       come from it; default ``x``).
@@ -48,6 +48,9 @@ class MultiHeadAttention(nn.Module):
       ``causal_mask(S, Sk)`` for a ``KVCache`` (so a multi-token prefill is causal; one token
       sees all the past) and ``sliding_window_mask(S, cache.window, Sk)`` for a
       ``RollingKVCache``. Without a cache, pass the mask you want (e.g. ``causal_mask(S)``).
+    * ``is_causal``: causal self-attention without a mask (the fused kernel skips the masked
+      half, and no mask is built or read); with a cache holding earlier tokens, or a rolling
+      one, the cache's own mask as for ``mask=None``.
     * ``rotary``: a :class:`course_lib.positional.RotaryEmbedding` applied to q and k at
       their absolute positions (self-attention only).
     * ``positions``: rotary's positions of the new tokens, ``(S,)`` or per row ``(B, S)``
@@ -112,9 +115,12 @@ class MultiHeadAttention(nn.Module):
                                  f"{tuple(positions.shape)}")
 
     def forward(self, x: Tensor, context: Tensor | None = None, *, mask: Tensor | None = None,
-                cache: KVCache | RollingKVCache | None = None, rotary: nn.Module | None = None,
-                positions: Tensor | None = None, return_weights: bool = False):
+                is_causal: bool = False, cache: KVCache | RollingKVCache | None = None,
+                rotary: nn.Module | None = None, positions: Tensor | None = None,
+                return_weights: bool = False):
         self._check(x, context, cache, rotary, positions)
+        if is_causal and (mask is not None or context is not None):
+            raise ValueError("is_causal is for self-attention without a mask")
         B, S, _ = x.shape
         kv_in = x if context is None else context
         q = rearrange(self.q_proj(x), "b s (h d) -> b h s d", h=self.n_heads)  # (B, S, D) -> (B, H, S, Dh)
@@ -131,9 +137,11 @@ class MultiHeadAttention(nn.Module):
             k, v = cache.update(k, v)  # (B, Hkv, S, Dh) -> (B, Hkv, Sk, Dh) with the past
         Sk = k.shape[-2]
 
+        if is_causal and (Sk != S or isinstance(cache, RollingKVCache)):
+            is_causal = False  # earlier tokens in the cache, or a window: the cache's mask below
         if mask is None and isinstance(cache, RollingKVCache):
             mask = sliding_window_mask(S, cache.window, Sk, device=x.device)  # (S, Sk)
-        elif mask is None and cache is not None and S > 1:  # one new query may see all the cache
+        elif mask is None and not is_causal and cache is not None and S > 1:  # one query sees all the cache
             mask = causal_mask(S, Sk, device=x.device)  # (S, Sk)
         if mask is not None:
             expected = (B, self.n_heads, S, Sk)
@@ -147,7 +155,8 @@ class MultiHeadAttention(nn.Module):
 
         G = self.n_heads // self.n_kv_heads
         k, v = repeat_kv(k, G), repeat_kv(v, G)  # (B, Hkv, Sk, Dh) -> (B, H, Sk, Dh)
-        result = scaled_dot_product_attention(q, k, v, mask, impl=self.impl, return_weights=return_weights,
+        result = scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal, impl=self.impl,
+                                              return_weights=return_weights,
                                               dropout_p=self.dropout if self.training else 0.0)
         out, weights = result if return_weights else (result, None)
         out = self.o_proj(rearrange(out, "b h s d -> b s (h d)"))  # (B, H, S, Dh) -> (B, S, D)

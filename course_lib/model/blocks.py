@@ -114,7 +114,8 @@ class Block(nn.Module):
     """Attention + MLP, each wrapped in a residual connection and a norm (chapter 03).
 
     Pre- or post-norm as drawn in the module docstring. ``forward(x, *, mask=None, cache=None,
-    rotary=None, positions=None)`` with x ``(B, S, D)``; the keywords go to the attention layer.
+    rotary=None, positions=None, is_causal=False)`` with x ``(B, S, D)``; the keywords go to the
+    attention layer.
 
     >>> Block(ModelConfig(d_model=16, n_heads=2))(torch.randn(2, 3, 16)).shape
     torch.Size([2, 3, 16])
@@ -130,8 +131,8 @@ class Block(nn.Module):
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor, *, mask: Tensor | None = None, cache=None, rotary=None,
-                positions: Tensor | None = None) -> Tensor:
-        kw = dict(mask=mask, cache=cache, rotary=rotary, positions=positions)
+                positions: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        kw = dict(mask=mask, is_causal=is_causal, cache=cache, rotary=rotary, positions=positions)
         if self.pre_norm:
             x = x + self.drop(self.attn(self.attn_norm(x), **kw))
             return x + self.drop(self.mlp(self.mlp_norm(x)))

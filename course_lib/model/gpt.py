@@ -184,10 +184,12 @@ class GPT(nn.Module):
         S = idx.shape[1]
         if padding_mask is None:
             positions = torch.arange(start, start + S, device=idx.device)  # (S,) absolute positions
-            # with caches MultiHeadAttention builds causal_mask(S, Sk) itself
-            mask = attention.causal_mask(S, device=idx.device) if caches is None else None  # (S, S)
+            # causal without a mask: the fused kernel skips the masked half, and nothing waits for
+            # the device to compare a mask (with earlier tokens cached, attention builds the mask)
+            mask, is_causal = None, True
         else:
             positions, mask = self._padded_positions_and_mask(padding_mask, S)  # (B, S), (B, 1, S, Sk)
+            is_causal = False
         x = self.tok_emb(idx)  # (B, S) -> (B, S, D)
         if self.pos_emb is not None:
             x = x + self.pos_emb(positions)  # (B, S, D) + (S, D) or (B, S, D)
@@ -195,8 +197,8 @@ class GPT(nn.Module):
             x = x + self.pos_table[positions].to(x.dtype)  # (B, S, D) + (S, D) or (B, S, D)
         x = self.drop(x)
         for i, block in enumerate(self.blocks):
-            x = block(x, mask=mask, cache=None if caches is None else caches[i], rotary=self.rotary,
-                      positions=positions)
+            x = block(x, mask=mask, is_causal=is_causal, cache=None if caches is None else caches[i],
+                      rotary=self.rotary, positions=positions)
         logits = self.lm_head(self.norm_f(x))  # (B, S, D) -> (B, S, V)
         loss = None
         if targets is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from course_lib import attention as A
 from course_lib import positional as P
@@ -130,12 +131,70 @@ def test_naive_and_sdpa_agree_with_torch_values_and_gradients(name, dtype, atol)
             assert (out[:, :, 2] == 0).all() and (dq[:, :, 2] == 0).all()
 
 
-def test_is_causal_fast_path_matches_torch_is_causal():
+def test_is_causal_matches_the_causal_mask_and_torch_is_causal():
     q, k, v = _qkv()
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     for impl in ("naive", "sdpa"):
-        torch.testing.assert_close(A.scaled_dot_product_attention(q, k, v, A.causal_mask(S), impl=impl),
-                                   want, atol=1e-5, rtol=1e-5)
+        for kw in ({"mask": A.causal_mask(S)}, {"is_causal": True}):
+            torch.testing.assert_close(A.scaled_dot_product_attention(q, k, v, impl=impl, **kw),
+                                       want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="is_causal=True takes no mask"):
+        A.scaled_dot_product_attention(q, k, v, A.causal_mask(S), is_causal=True)
+    with pytest.raises(ValueError, match="S=3, Sk=5"):
+        A.scaled_dot_product_attention(*_qkv(S=3, Sk=5), is_causal=True)
+
+
+class _HostReads(TorchDispatchMode):
+    """Records the operations that hand a tensor's value to Python (on a GPU, each waits for
+    the device): .item(), bool(t), torch.equal, .tolist()."""
+
+    SYNCING = {"_local_scalar_dense", "is_nonzero", "equal"}
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._schema.name.split("::")[-1] in self.SYNCING:
+            self.seen.append(func._schema.name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("impl", ["naive", "sdpa"])
+def test_attention_never_reads_a_value_on_the_host(impl, monkeypatch):
+    """The GPT passes is_causal to attention instead of a mask, and attention finds fully masked
+    rows on the device: no host synchronisation per attention call (there were two: a test for
+    such rows with .any().all(), and torch.equal against a causal mask). The fused path gets
+    is_causal itself, with no mask to read."""
+    from course_lib.model import GPT, ModelConfig
+
+    gpt = GPT(ModelConfig(vocab_size=32, context_length=16, d_model=16, n_heads=2, n_layers=2,
+                          attn_impl=impl))
+    idx = torch.randint(0, 32, (2, 16), generator=torch.Generator().manual_seed(0))
+    reads, fused_calls = [], []
+    forward, fused = A.MultiHeadAttention.forward, F.scaled_dot_product_attention
+
+    def watched_forward(self, *args, **kwargs):
+        with _HostReads() as mode:
+            out = forward(self, *args, **kwargs)
+        reads.extend(mode.seen)
+        return out
+
+    def watched_fused(*args, **kwargs):
+        fused_calls.append((kwargs.get("attn_mask"), kwargs.get("is_causal")))
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(A.MultiHeadAttention, "forward", watched_forward)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", watched_fused)
+    gpt(idx)[0].sum().backward()
+    assert reads == []
+    assert fused_calls == ([(None, True)] * 2 if impl == "sdpa" else [])
+    q, k, v = _qkv()
+    mask = A.causal_mask(S).clone()
+    mask[2] = False  # an explicit mask with a fully masked row: found on the device too
+    with _HostReads() as mode:
+        out = A.scaled_dot_product_attention(q, k, v, mask, impl=impl)
+    assert mode.seen == [] and (out[:, :, 2] == 0).all()
 
 
 def test_weights_rows_sum_to_one_and_respect_the_mask():
