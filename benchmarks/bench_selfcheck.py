@@ -50,8 +50,8 @@ def bench(chapter: str) -> dict:
     names = [ex.name for ex in notebook.exercises(notebook.read(path))]
     exercises = {name: round(timed_check(path, name), 2) for name in names}
     whole = round(timed_check(path), 2)
-    print(f"{chapter:<18} slowest exercise {max(exercises.values()):5.2f} s "
-          f"({max(exercises, key=exercises.get)}), median {sorted(exercises.values())[len(names) // 2]:5.2f} s; "
+    slowest, median = max(exercises, key=exercises.get), sorted(exercises.values())[len(names) // 2]
+    print(f"{chapter:<18} slowest exercise {exercises[slowest]:5.2f} s ({slowest}), median {median:5.2f} s; "
           f"whole notebook {whole:6.2f} s", flush=True)
     return {"exercises": exercises, "whole": whole}
 

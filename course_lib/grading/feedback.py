@@ -16,7 +16,7 @@ Two nbgrader preprocessors, registered in ``nbgrader_config.py``:
   * notebook widget state is dropped (the HTML template embeds it in a ``<script>``).
 
 - :class:`NameGrades` (nbgrader's ``GetGrades``, extended) labels each graded cell for the
-  feedback page (``templates/course_feedback``) by its exercise, as the self-check names it
+  feedback page (``templates/feedback/course_feedback.html.j2``) by its exercise, as the self-check names it
   (``ex_lr_at: tests``, ``ex_weight_tying: written answer``), and marks a written answer that no
   one has graded yet, which the page shows as "not graded yet" rather than "Score 0.0 / 2.0".
 
@@ -257,7 +257,7 @@ class HideTests(NbGraderPreprocessor):
         return nb, resources
 
 
-TEMPLATES = str(Path(__file__).parent / "templates")  # the feedback page: course_feedback/
+TEMPLATES = str(Path(__file__).parent / "templates")  # the feedback page: feedback/course_feedback.html.j2
 
 
 def grade_label(grade_id: str, cell) -> str:
