@@ -15,7 +15,7 @@ STAMP  := $(VENV)/.installed
 # Jupyter refuses to run as root (a container, a cloud machine) unless told that it is meant.
 AS_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 
-.PHONY: help install book test test-fast release collect grade export formgrader mutants check nbval lab bench checkpoint sweep moe-runs lint constraints clean
+.PHONY: help install book test test-fast release collect grade merge export formgrader mutants check nbval lab bench checkpoint sweep moe-runs lint constraints clean
 
 help:
 	@echo "make book      build the HTML book into _build/html (executes every solution once)"
@@ -24,6 +24,8 @@ help:
 	@echo "make collect   file an LMS export: make collect CHAPTER=01_tokenization FROM=export.zip"
 	@echo "make grade     autograde submissions of CHAPTER in grading/submitted, write grades.csv"
 	@echo "               (the chapter's unchanged demonstrations are skipped; ALL_CELLS=1 runs them)"
+	@echo "make grade     ... SHARD=K/N grades the K-th of N shares of the class (one per machine)"
+	@echo "make merge     joins the N shares: grades.csv, feedback, summary, as one run writes them"
 	@echo "make formgrader  JupyterLab in the course folder, for grading written answers by hand"
 	@echo "make export    grades.csv and feedback again, after manual grading"
 	@echo "make mutants   the graders' self-test: wrong answers fail, correct ones pass, on every setting"
@@ -66,7 +68,11 @@ collect: $(STAMP)
 	$(PY) -m course_lib.grading collect $(CHAPTER) $(FROM) --grading-dir $(GRADING)
 
 grade: $(STAMP)
-	$(PY) -m course_lib.grading grade $(CHAPTER) --grading-dir $(GRADING) $(if $(UNSANDBOXED),--unsandboxed) $(if $(ALL_CELLS),--all-cells)
+	$(PY) -m course_lib.grading grade $(CHAPTER) --grading-dir $(GRADING) $(if $(UNSANDBOXED),--unsandboxed) $(if $(ALL_CELLS),--all-cells) $(if $(SHARD),--shard $(SHARD))
+
+# After every share of a class was graded (make grade SHARD=K/N on N machines): one gradebook.
+merge: $(STAMP)
+	$(PY) -m course_lib.grading merge $(CHAPTER) --grading-dir $(GRADING)
 
 # After grading written answers in the formgrader: grades.csv and feedback again.
 export: $(STAMP)

@@ -7,6 +7,8 @@
                                                          file an LMS export for grading
     python -m course_lib.grading grade CHAPTER [--jobs N] [--unsandboxed] [--all-cells]
                                                          autograde, feedback, grades.csv
+    python -m course_lib.grading grade CHAPTER --shard K/N   the K-th of N shares (one per machine)
+    python -m course_lib.grading merge CHAPTER           join the shares: grades.csv, feedback
     python -m course_lib.grading export CHAPTER          grades.csv and feedback after manual grading
     python -m course_lib.grading.mutants CHAPTER         mutation-test the chapter's graders
     python -m course_lib.grading.check NOTEBOOK          a student's self-check
@@ -48,6 +50,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="grade even where no sandbox can be made (only for submissions you trust)")
     p.add_argument("--all-cells", action="store_true",
                    help="also run the chapter's unchanged demonstration cells, which no test needs")
+    p.add_argument("--shard", metavar="K/N", type=grade.parse_shard, default=None,
+                   help="grade only the K-th of N shares of the class (another machine grades each other "
+                   "share); then run merge")
+    p = sub.add_parser("merge", help="join the shares graded with grade --shard into grades.csv and feedback")
+    p.add_argument("chapter")
+    p.add_argument("--grading-dir", type=Path, default=None)
+    p.add_argument("--shards", type=int, default=None, help="N (default: the one N found)")
     p = sub.add_parser("export", help="rewrite grades.csv and feedback after manual grading")
     p.add_argument("chapter")
     p.add_argument("--grading-dir", type=Path, default=None)
@@ -74,8 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(report.lines()))
     elif args.command == "grade":
         for chapter in config.resolve_chapters(args.chapter):
-            path = grade.grade(chapter, args.grading_dir, args.jobs, args.unsandboxed, args.all_cells)
-            print(f"Grades written to {path}")
+            path = grade.grade(chapter, args.grading_dir, args.jobs, args.unsandboxed, args.all_cells,
+                               args.shard)
+            print(f"Share {args.shard[0]}/{args.shard[1]} of {chapter} graded ({path}); run merge when "
+                  "every share is" if args.shard else f"Grades written to {path}")
+    elif args.command == "merge":
+        for chapter in config.resolve_chapters(args.chapter):
+            print(f"Grades written to {grade.merge(chapter, args.grading_dir, args.shards)}")
     elif args.command == "export":
         for chapter in config.resolve_chapters(args.chapter):
             print(f"Grades written to {grade.export(chapter, args.grading_dir)}")

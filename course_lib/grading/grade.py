@@ -21,11 +21,21 @@ Grading
    ``summary.txt`` and ``summary.png``. Problems, notes and flags are kept in
    ``<grading>/graded/<chapter>.json`` so that ``export`` writes the same rows after manual
    grading.
+
+A class can be graded in N shares on N machines (a Slurm job array, a Kubernetes Indexed Job;
+see the instructors' page): ``grade(..., shard=(K, N))`` grades only the students of the K-th
+share (:func:`shard_of`, a hash of the student's folder name, which collect keys by the LMS id,
+so the shares are the same on every machine and every run) and writes everything it makes under
+``<grading>/shards/<chapter>/K-of-N/``, reading nothing there but ``submitted/`` and the collect
+manifest: a failed share is graded again alone, touching no other. :func:`merge` then copies
+each share's autograded notebooks and gradebook rows into ``<grading>`` and writes the feedback,
+``grades.csv`` and the summary exactly as one run would have.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import shutil
@@ -74,11 +84,31 @@ def _record_path(chapter: str, g: Path) -> Path:
     return g / "graded" / f"{chapter}.json"
 
 
+def shard_of(student: str, n: int) -> int:
+    """The share (1 to ``n``) that grades ``student``: the same on every machine and every run."""
+    return int.from_bytes(hashlib.sha256(student.encode("utf-8")).digest()[:8], "big") % n + 1
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"2/8"`` -> (2, 8), with a message a person can act on for anything else."""
+    try:
+        k, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise SystemExit(f"--shard takes K/N, e.g. 2/8 (the second of eight shares), got {text!r}") from None
+    if not 1 <= k <= n:
+        raise SystemExit(f"--shard K/N needs 1 <= K <= N, got {text!r}")
+    return k, n
+
+
+def shard_dir(chapter: str, g: Path, k: int, n: int) -> Path:
+    return g / "shards" / chapter / f"{k}-of-{n}"
+
+
 def grade(chapter: str, grading_dir: Path | None = None, jobs: int | None = None,
-          unsandboxed: bool = False, all_cells: bool = False) -> Path:
-    """Autograde ``chapter``; returns the path of the grades CSV. The chapter's unchanged
-    demonstration cells (:func:`notebook.unchanged_demonstrations`) are not run unless
-    ``all_cells``."""
+          unsandboxed: bool = False, all_cells: bool = False, shard: tuple[int, int] | None = None) -> Path:
+    """Autograde ``chapter``; returns the path of the grades CSV (with ``shard=(K, N)``: of the
+    share's record, for :func:`merge`). The chapter's unchanged demonstration cells
+    (:func:`notebook.unchanged_demonstrations`) are not run unless ``all_cells``."""
     g = Path(grading_dir or config.root() / "grading").resolve()
     why = sandbox.unavailable()
     if why and not unsandboxed:
@@ -87,8 +117,13 @@ def grade(chapter: str, grading_dir: Path | None = None, jobs: int | None = None
     students = _students(chapter, g)
     if not students:
         raise SystemExit(f"No submissions of {chapter} under {g / 'submitted'}/<student>/{chapter}/")
+    out = g  # where everything this run makes goes: a share writes only its own folder
+    if shard is not None:
+        out = shard_dir(chapter, g, *shard)
+        shutil.rmtree(out, ignore_errors=True)  # a share graded again starts afresh
+        students = [s for s in students if shard_of(s, shard[1]) == shard[0]]
     collected = collect.manifest(chapter, g)["students"]
-    released = release.generate(chapter, g / "release", grading_dir=g)
+    released = release.generate(chapter, out / "release", grading_dir=out)
     release_nb = notebook.read(released)
     record = {s: {"problem": None, "notes": [], "flags": []} for s in students}
     for student in students:
@@ -102,7 +137,7 @@ def grade(chapter: str, grading_dir: Path | None = None, jobs: int | None = None
             print(f"Cannot grade {student}: {path}: {problem}", flush=True)
             continue
         nb, notes = repair.repair(nbformat.read(str(path), as_version=4), release_nb)
-        clean = g / "staged" / student / chapter
+        clean = out / "staged" / student / chapter
         shutil.rmtree(clean.parent, ignore_errors=True)
         clean.mkdir(parents=True)
         nbformat.write(nb, str(clean / path.name))
@@ -112,7 +147,7 @@ def grade(chapter: str, grading_dir: Path | None = None, jobs: int | None = None
         record[student].update(notes=notes, flags=flags.flags(nb, release_nb))
     gradable = [s for s in students if not record[s]["problem"]]
 
-    keys, reports = g / "keys", g / "reports" / chapter
+    keys, reports = out / "keys", out / "reports" / chapter
     verdicts.answer_key(chapter, keys)  # made once, before the students (fails if the solution fails)
     extra = [f"--SandboxedExecute.answer_keys={keys}", f"--SandboxedExecute.report_dir={reports}"]
     if unsandboxed:
@@ -124,10 +159,10 @@ def grade(chapter: str, grading_dir: Path | None = None, jobs: int | None = None
         (reports / f"{student}.json").unlink(missing_ok=True)
         try:
             only = f"--CourseDirectory.student_id={student}"
-            nbgrader_cli.run("autograde", chapter, "--force", only, *extra, grading_dir=g,
-                             submitted_dir=g / "staged")
+            nbgrader_cli.run("autograde", chapter, "--force", only, *extra, grading_dir=out,
+                             submitted_dir=out / "staged")
         except RuntimeError as e:
-            return f"autograding failed: {failure_cause(str(e), g)}"
+            return f"autograding failed: {failure_cause(str(e), out)}"
         return None
 
     jobs = jobs or max(1, min(len(gradable), os.cpu_count() or 1))
@@ -141,10 +176,74 @@ def grade(chapter: str, grading_dir: Path | None = None, jobs: int | None = None
                 found = json.loads(report.read_text(encoding="utf-8"))
                 record[student]["flags"] += [str(f)[:300] for f in found.get("flags", [])]
                 record[student]["notes"] += [str(n)[:300] for n in found.get("notes", [])]
-    path = _record_path(chapter, g)
+    path = _record_path(chapter, out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, ensure_ascii=False), encoding="utf-8")
+    if shard is not None:  # written last: a share that stopped half-way has no record to merge
+        return path
     return _write_outputs(chapter, g, students, record)
+
+
+def merge(chapter: str, grading_dir: Path | None = None, n: int | None = None) -> Path:
+    """Join the N shares graded by ``grade(..., shard=(K, N))`` into ``grading_dir``: their
+    autograded notebooks and gradebook rows, their problems, notes and flags; then the feedback,
+    grades.csv and summary, as one run writes them. Returns the path of grades.csv."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    g = Path(grading_dir or config.root() / "grading").resolve()
+    found = sorted({int(p.name.split("-of-")[1]) for p in (g / "shards" / chapter).glob("*-of-*")})
+    if n is None and len(found) != 1:
+        raise SystemExit(f"Say how many shares to merge (--shards N): under {g / 'shards' / chapter} "
+                         f"there are shares of {found or 'none'}.")
+    n = n or found[0]
+    missing = [k for k in range(1, n + 1) if not _record_path(chapter, shard_dir(chapter, g, k, n)).is_file()]
+    if missing:
+        raise SystemExit(f"Shares {', '.join(f'{k}/{n}' for k in missing)} of {chapter} are not graded "
+                         f"(or stopped): run grade {chapter} --shard K/{n} for each, then merge again.")
+    students = _students(chapter, g)
+    release.generate(chapter, g / "release", grading_dir=g)  # the assignment in the main gradebook
+    record = {}
+    for k in range(1, n + 1):
+        part = shard_dir(chapter, g, k, n)
+        shard_record = json.loads(_record_path(chapter, part).read_text(encoding="utf-8"))
+        record |= shard_record
+        with Gradebook(f"sqlite:///{part / 'gradebook.db'}") as src, \
+                Gradebook(f"sqlite:///{g / 'gradebook.db'}") as dst:
+            for student in shard_record:
+                try:
+                    submission = src.find_submission(chapter, student)
+                except MissingEntry:  # not graded: its problem is in the record
+                    continue
+                _copy_submission(submission, dst, chapter, student)
+                done = part / "autograded" / student / chapter
+                target = g / "autograded" / student / chapter
+                shutil.rmtree(target, ignore_errors=True)
+                shutil.copytree(done, target)
+    for student in students:  # collected after the shares were graded
+        record.setdefault(student, {"problem": "not graded yet (run grade)", "notes": [], "flags": []})
+    path = _record_path(chapter, g)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {s: record[s] for s in students}  # in the order one run writes them
+    path.write_text(json.dumps(record, indent=1, ensure_ascii=False), encoding="utf-8")
+    return _write_outputs(chapter, g, students, record)
+
+
+def _copy_submission(submission, dst, chapter: str, student: str) -> None:
+    """One student's graded submission, from a share's gradebook into ``dst``: the scores and
+    comments autograding wrote, and what a person has added since."""
+    dst.update_or_create_student(student)
+    dst.update_or_create_submission(chapter, student, timestamp=submission.timestamp)
+    for nb in submission.notebooks:
+        into = dst.find_submission_notebook(nb.name, chapter, student)
+        into.flagged, into.late_submission_penalty = nb.flagged, nb.late_submission_penalty
+        for grade_ in nb.grades:
+            row = dst.find_grade(grade_.name, nb.name, chapter, student)
+            for field in ("auto_score", "manual_score", "extra_credit", "needs_manual_grade"):
+                setattr(row, field, getattr(grade_, field))
+        for comment in nb.comments:
+            row = dst.find_comment(comment.name, nb.name, chapter, student)
+            row.auto_comment, row.manual_comment = comment.auto_comment, comment.manual_comment
+    dst.db.commit()
 
 
 def export(chapter: str, grading_dir: Path | None = None) -> Path:
