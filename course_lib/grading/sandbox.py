@@ -46,41 +46,31 @@ The chapter's demonstrations that the submission left unchanged (training runs, 
 released chapter) are not run, as in the students' self-check, and say so in their output; every
 set-up, graded, added or changed cell runs (``all_cells`` runs every cell).
 
-In the notebook's run, an error or timeout is recorded in its cell and the next cells run; if the kernel dies
-(``os._exit``, a crash, a limit), every process it left in the sandbox is ended, a new kernel
-starts (tried three times), the set-up cells run again and grading goes on from the next cell.
-Output beyond ``MAX_OUTPUT_CHARS`` per cell is dropped with a note.
+How the notebook's run survives errors, timeouts and kernel deaths is :mod:`worker`'s.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import json
 import os
 import shutil
-import signal
 import stat
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
-from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Bool, Integer, Unicode
 
-from . import config, failures, notebook, verdicts
+from . import config, failures, notebook, verdicts, worker
+from .worker import error_output
 
-MAX_OUTPUT_CHARS = 100_000
-SKIPPED = ("(not run by the grader: a demonstration of the chapter, unchanged, that no test needs; "
-           "`grade --all-cells` runs it)\n")
 WORKDIR = "/submission"  # the sandbox's working folder, a size-limited tmpfs
 TMPFS = (WORKDIR, "/tmp", "/dev/shm")  # every place a submission can write, each a size-limited tmpfs
 NOBODY = "65534"
@@ -94,7 +84,7 @@ ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "fonts", "lo
 class Limits:
     """What one submission may use, all its processes and files together."""
 
-    notebook_s: int = 600           # wall clock for the whole notebook, however many cells
+    notebook_s: int = worker.NOTEBOOK_S  # wall clock for the whole notebook, however many cells
     memory_bytes: int = 6 * 2**30   # memory of every process, the tmpfs, memfd and deleted files
     processes: int = 64             # kernel, worker and anything they start
     disk_bytes: int = 512 * 2**20   # each of the TMPFS
@@ -204,9 +194,11 @@ class Watchdog(threading.Thread):
         lim = self.limits
         if len(tree) > lim.processes:
             return f"it started more than {lim.processes} processes"
-        memory = (sum(_memory(pid) for pid in tree) + _tmpfs_used(tree, self.tmpfs)
-                  + _held_files(tree, self.tmpfs))
-        if memory > lim.memory_bytes:
+        files = _tmpfs_used(tree, self.tmpfs) + _held_files(tree, self.tmpfs)
+        # The resident size bounds the proportional one from above (a kernel's counters may lag it
+        # by some pages: RESIDENT_SLACK), so the costlier count is made only near the limit.
+        near = sum(_resident(pid) for pid in tree) + files > lim.memory_bytes - RESIDENT_SLACK
+        if near and sum(_memory(pid) for pid in tree) + files > lim.memory_bytes:
             return (f"it used more than {lim.memory_bytes / 2**30:g} GiB of memory "
                     "(processes and files together)")
         for pid in tree:
@@ -218,14 +210,22 @@ class Watchdog(threading.Thread):
 
 def _tree(root: int) -> list[int]:
     """``root`` and its descendants, in order of start (a parent before a child of its tick)."""
-    children: dict[int, list[int]] = {}
     started: dict[int, int] = {}
+    if _children_listed():  # each thread's own list: a few reads, however busy the machine
+        todo = [root]
+        while todo:
+            pid = todo.pop()
+            if pid in started or (fields := _stat(pid)) is None:
+                continue  # seen, or gone meanwhile
+            started[pid] = int(fields[19])
+            with contextlib.suppress(OSError):
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    with contextlib.suppress(OSError):
+                        todo += map(int, Path(f"/proc/{pid}/task/{tid}/children").read_text().split())
+        return sorted(started, key=started.__getitem__)
+    children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue  # gone meanwhile
+        if entry.isdigit() and (fields := _stat(int(entry))) is not None:
             children.setdefault(int(fields[1]), []).append(int(entry))
             started[int(entry)] = int(fields[19])
     out, todo = [], [root]
@@ -237,6 +237,23 @@ def _tree(root: int) -> list[int]:
     return sorted(out, key=started.__getitem__)
 
 
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command's name (the parent is [1]), or None."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+@functools.cache
+def _children_listed() -> bool:
+    """Whether this kernel lists each thread's children (``CONFIG_PROC_CHILDREN``)."""
+    return os.path.exists(f"/proc/self/task/{os.getpid()}/children")
+
+
+RESIDENT_SLACK = 256 * 2**20
+
+
 def _memory(pid: int) -> int:
     """Proportional set size (shared pages split among their users), else resident size."""
     try:
@@ -245,6 +262,11 @@ def _memory(pid: int) -> int:
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
+    return _resident(pid)
+
+
+def _resident(pid: int) -> int:
+    """Resident set size, shared pages whole: cheap to read, and never below :func:`_memory`."""
     try:
         return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, IndexError, ValueError):
@@ -359,12 +381,12 @@ class SandboxedExecute(NbGraderPreprocessor):
         tests = {i for i, c in enumerate(nb.cells)
                  if c.cell_type == "code" and notebook.nbgrader_meta(c).get("grade")}
         skip = tests | (set() if self.all_cells else notebook.unchanged_demonstrations(nb))
-        worker = [sys.executable, "-m", "course_lib.grading.sandbox", "--timeout", str(per_cell),
+        command = [sys.executable, "-m", "course_lib.grading.worker", "--timeout", str(per_cell),
                   "--notebook-timeout", str(limits.notebook_s), "--memory", str(limits.memory_bytes),
                   # unsandboxed, RLIMIT_NPROC would count the instructor's own processes
                   "--processes", str(limits.processes if why is None else 0)]
-        worker += ["--skip", ",".join(map(str, sorted(skip)))] if skip else []
-        out, failure, _ = _confined(worker + ["--sandboxed"] * (why is None), nbformat.writes(nb), limits,
+        command += ["--skip", ",".join(map(str, sorted(skip)))] if skip else []
+        out, failure, _ = _confined(command + ["--sandboxed"] * (why is None), nbformat.writes(nb), limits,
                                     sandboxed=why is None, cwd=resources.get("metadata", {}).get("path"))
         executed = nb if failure else _explain_deaths(nbformat.reads(out, as_version=4), _)
         # 2. The graded runs: each exercise's set-up, answer and tests in a fresh process of a new
@@ -445,7 +467,7 @@ def _judge_cells(nb, key: dict, results: dict, failure: str | None, reasons: lis
     for cell in nb.cells:  # a graded cell that no exercise of the key pairs with earns nothing
         if cell.cell_type == "code" and notebook.nbgrader_meta(cell).get("grade"):
             why = failure or "not an exercise"
-            cell.outputs = [_error("GradingError", f"no answer key for this cell: {why}")]
+            cell.outputs = [error_output("GradingError", f"no answer key for this cell: {why}")]
     cells = {notebook.nbgrader_meta(c).get("grade_id"): c for c in nb.cells
              if c.cell_type == "code" and notebook.nbgrader_meta(c).get("grade")}
     for name in key:
@@ -459,7 +481,7 @@ def _judge_cells(nb, key: dict, results: dict, failure: str | None, reasons: lis
             result["error"] += f"; the last limit the submission passed: {reasons[-1]}"
         problem = verdicts.judge(key[name], result)
         cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"{name}: all tests passed\n")
-                        ] if problem is None else [_error("AssertionError", problem)]
+                        ] if problem is None else [error_output("AssertionError", problem)]
         flags += [f"{name}: {event}" for event in (result.get("events") or [])[:10] if isinstance(event, str)]
         if "time limit" in str(result.get("error")) or "ran past" in str(result.get("error")):
             notes.append(f"{name}: {str(result.get('error'))[:200]}")
@@ -494,174 +516,3 @@ def _explain_deaths(nb, reasons: list[str]):
         unstarted[0].evalue += f"; the last limit the submission passed: {reasons[-1]}"
         unstarted[0].traceback = [f"KernelStartError: {unstarted[0].evalue}"]
     return nb
-
-
-def _size(outputs) -> int:
-    return sum(len(str(o.get("text", ""))) + len(str(o.get("data", ""))) for o in outputs)
-
-
-class _LimitedClient(NotebookClient):
-    """A notebook client that keeps about ``MAX_OUTPUT_CHARS`` of output per cell."""
-
-    def output(self, outs, msg, display_id, cell_index):
-        if _size(outs) > MAX_OUTPUT_CHARS and msg["msg_type"] != "error":
-            return None  # drop output past the limit, never errors (they decide the points)
-        return super().output(outs, msg, display_id, cell_index)
-
-
-def _truncate(cell) -> None:
-    """Cut the text outputs of ``cell`` to the limit, with a note saying so."""
-    if _size(cell.outputs) <= MAX_OUTPUT_CHARS:
-        return
-    budget = MAX_OUTPUT_CHARS
-    for out in cell.outputs:
-        if out.output_type == "stream" and budget < len(out.text):
-            out.text = out.text[:max(budget, 0)]
-        if out.output_type == "stream":
-            budget -= len(out.text)
-        elif "data" in out and _size([out]) > MAX_OUTPUT_CHARS:
-            out.data = {"text/plain": "[large output removed]"}
-    note = f"\n[output truncated after {MAX_OUTPUT_CHARS} characters]\n"
-    cell.outputs.append(nbformat.v4.new_output("stream", name="stdout", text=note))  # a note, not a failure
-
-
-def _error(ename: str, evalue: str):
-    return nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
-
-
-def _end_strays(wait_s: float = 10.0) -> None:
-    """Inside the sandbox: kill every process but its init and this worker (what a dead kernel
-    left behind, a fork bomb's children say) and wait until they are gone, so that the next
-    kernel neither shares the process limit with them nor is killed with them by the watchdog.
-    kill(-1) reaches only this pid namespace; only a sandboxed worker may call this."""
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid())]
-        if not others:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(-1, signal.SIGKILL)
-        time.sleep(0.05)  # the namespace's init reaps them
-
-
-def _start_kernel(client, env: dict, sandboxed: bool, tries: int = 3) -> contextlib.ExitStack:
-    """A running kernel for ``client``, to be closed by the caller. A kernel that dies while it
-    starts (the watchdog still ending a submission's processes, a loaded machine) is tried again."""
-    for attempt in range(tries):
-        if sandboxed:
-            _end_strays()
-        stack = contextlib.ExitStack()
-        try:
-            # The kernel's own stdout must not mix with the notebook this worker prints.
-            stack.enter_context(client.setup_kernel(stdout=subprocess.DEVNULL,
-                                                    stderr=subprocess.DEVNULL, env=env))
-            return stack
-        except RuntimeError:  # "Kernel died before replying to kernel_info"
-            if attempt == tries - 1:
-                raise
-            time.sleep(1 + attempt)
-    raise ValueError(f"tries must be at least 1, not {tries}")
-
-
-def execute(nb, timeout: int, path: str, notebook_s: int = Limits.notebook_s,
-            kernel_name: str = "python3", kernel_env: dict | None = None,
-            sandboxed: bool = False, skip: frozenset[int] = frozenset()) -> nbformat.NotebookNode:
-    """Run every code cell but those in ``skip`` (marked as not run), surviving errors, timeouts
-    and kernel deaths (see module doc)."""
-    deadline = time.monotonic() + notebook_s
-    # interrupt_on_timeout stays off: a cell that ignores SIGINT would never return. At its limit
-    # the kernel is shut down at once and a new one goes on.
-    client = _LimitedClient(nb, timeout=timeout, kernel_name=kernel_name, allow_errors=True,
-                            shutdown_kernel="immediate", resources={"metadata": {"path": path}})
-    setup = notebook.setup_cells(nb)[1:]  # the install cell is not needed again
-    pending = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and i not in skip]
-    for i in skip:
-        nb.cells[i].outputs = [nbformat.v4.new_output("stream", name="stdout", text=SKIPPED)]
-    restarted = False
-    while pending:
-        try:
-            kernel = _start_kernel(client, config.kernel_env(kernel_env), sandboxed)
-        except RuntimeError as e:
-            for index in pending:
-                nb.cells[index].outputs = [_error("KernelStartError", (
-                    f"not run: no kernel could start, three times ({e})"))]
-            return nb
-        with kernel:
-            if restarted:  # a new kernel needs the set-up cells again (outputs discarded)
-                for i in setup:
-                    client.execute_cell(nbformat.from_dict({**nb.cells[i], "outputs": []}), i,
-                                        store_history=False)
-            while pending:
-                left = deadline - time.monotonic()
-                if left < 1:
-                    for index in pending:
-                        nb.cells[index].outputs = [_error("NotebookTimeLimit", (
-                            f"not run: the notebook's time limit of {notebook_s} s was reached"))]
-                    return nb
-                index = pending.pop(0)
-                client.timeout = int(min(timeout, left))
-                try:
-                    client.execute_cell(nb.cells[index], index)
-                except CellTimeoutError:
-                    nb.cells[index].outputs.append(_error("CellTimeoutError", (
-                        f"the cell ran past its {client.timeout} s limit and was stopped; "
-                        "a new kernel ran the cells after it")))
-                    restarted = True
-                    break
-                except DeadKernelError:
-                    how = " (killed)" if _exit_code(client) == -9 else ""
-                    nb.cells[index].outputs.append(_error("DeadKernelError", (
-                        f"the kernel died in this cell{how}; a new one ran the cells after it")))
-                    restarted = True
-                    break
-                finally:
-                    _truncate(nb.cells[index])
-    return nb
-
-
-def _exit_code(client) -> int | None:
-    """The dead kernel's exit status (negative: the signal that killed it), if known."""
-    try:
-        return client.km.provisioner.process.poll()
-    except AttributeError:
-        return None
-
-
-def _confine_self(memory: int, processes: int) -> None:
-    """Limits every process started from here inherits, and no access to this one's memory or
-    pipes from the kernel (a non-dumpable process cannot be traced or read through /proc)."""
-    import resource
-
-    # Address space per process, a backstop behind the watchdog's total: torch alone maps ~1 GB.
-    limits = [("RLIMIT_AS", memory + 4 * 2**30), ("RLIMIT_CORE", 0)]
-    limits += [("RLIMIT_NPROC", processes)] * (processes > 0)
-    for limit, value in limits:
-        try:  # RLIMIT_NPROC is not enforced for the host's root; the watchdog counts as well
-            resource.setrlimit(getattr(resource, limit), (value, value))
-        except (AttributeError, ValueError, OSError):
-            pass
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Grading worker: notebook in on stdin, out on stdout.")
-    parser.add_argument("--timeout", type=int, default=None)
-    parser.add_argument("--notebook-timeout", type=int, default=Limits.notebook_s)
-    parser.add_argument("--memory", type=int, default=Limits.memory_bytes)
-    parser.add_argument("--processes", type=int, default=Limits.processes)
-    parser.add_argument("--sandboxed", action="store_true", help="this worker runs in bubblewrap")
-    parser.add_argument("--skip", default="", help="indices of code cells not to run, comma-separated")
-    args = parser.parse_args(argv)
-    _confine_self(args.memory, args.processes)
-    nb = nbformat.reads(sys.stdin.read(), as_version=4)
-    nb = execute(nb, args.timeout or config.cell_timeout(), os.getcwd(), args.notebook_timeout,
-                 sandboxed=args.sandboxed, skip=frozenset(int(i) for i in args.skip.split(",") if i))
-    sys.stdout.write(nbformat.writes(nb))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import hashlib
+import importlib
 import json
 import os
 import secrets
@@ -168,6 +170,7 @@ def answer_side(tests: str) -> str:
     return _transform(tests, recording=True)
 
 
+@functools.lru_cache(maxsize=512)  # a grading process transforms the same tests for every student
 def _transform(tests: str, recording: bool) -> str:
     tree = _Asserts().visit(ast.parse(tests))
     for node in ast.walk(tree):
@@ -241,6 +244,9 @@ def run(req: dict, deadline_s: float | None = None) -> dict:
 
     from . import checks  # noqa: F401
 
+    for name in setup_imports(req["setup"]):  # the set-up cells then find them loaded, in every child
+        with contextlib.suppress(Exception):  # a child's set-up reports the failure as its own
+            importlib.import_module(name)
     deadline = time.monotonic() + (deadline_s or 10**9)
     exercises = req["exercises"]
     groups = [exercises] if req.get("batch") else [[ex] for ex in exercises]
@@ -254,6 +260,25 @@ def run(req: dict, deadline_s: float | None = None) -> dict:
         # the cell's limit for the tests, and some seconds for the set-up cells and the answer
         results |= _fork(req, group, min((req["timeout"] + SETUP_S) * len(group), left))
     return results
+
+
+def setup_imports(setup: list[str]) -> list[str]:
+    """The modules the set-up cells import (``import a.b``, ``from a import b``: ``a.b`` and ``a``,
+    which may be a module or a name), read from their syntax: the instructor's code, imported by
+    the runner before it forks, so that no exercise's process pays for them again. Running no
+    statement but the imports keeps each child's set-up its own (seeds, settings)."""
+    names = []
+    for source in setup:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+    return [n for n in dict.fromkeys(names) if n.split(".")[-1] != "*"]
 
 
 def _fork(req: dict, group: list[dict], timeout: float) -> dict:

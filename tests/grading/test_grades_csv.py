@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.grading import collect, config, failures, grade
+from course_lib.grading import collect, config, failures, grade, nbgrader_cli
 from tests.conftest import CHAPTERS, ROOT
 
 CHAPTER = CHAPTERS[0]
@@ -93,3 +93,22 @@ def test_problems_of_collect_and_of_a_real_grader_failure_reach_grades_csv_in_wo
     problem = problems["ts"]
     assert problem.startswith("autograding failed: ") and "yesterday at <path> o'clock" in problem, problem
     assert "/etc" not in problem and str(tmp_path) not in problem and len(problem) < 250
+
+
+def test_an_autograding_process_that_dies_fails_its_student_alone_and_is_started_again():
+    """The process that grades student after student (nbgrader_cli.autograde), here a stand-in
+    that answers as it does and dies at one student: that student's failure says how, with what
+    the process printed, and the next student is graded by a new process."""
+    script = ("import json, os, sys\n"
+              "for line in sys.stdin:\n"
+              "    student = line.strip()\n"
+              "    if student == 'crash':\n"
+              "        print('it broke here', file=sys.stderr, flush=True)\n"
+              "        os._exit(3)\n"
+              "    print(json.dumps({'student': student, 'failure': None}), flush=True)\n")
+    with nbgrader_cli._Autograder([sys.executable, "-c", script]) as grader:
+        assert grader.grade("ann") is None
+        first = grader.proc.pid
+        why = grader.grade("crash")
+        assert why.startswith("nbgrader autograde stopped (exit status 3)") and "it broke here" in why
+        assert grader.grade("bob") is None and grader.proc.pid != first

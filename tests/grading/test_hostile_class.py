@@ -168,7 +168,7 @@ def test_nothing_outside_the_grading_folder_changed(graded):
 def test_no_process_outlives_grading(graded):
     ctx, _, _, _, _, _, _, _ = graded
     assert _processes_with(ctx.marker) == []
-    assert _processes_with("course_lib.grading.sandbox") == []
+    assert _processes_with("course_lib.grading.worker") == []
 
 
 def test_feedback_holds_no_hidden_test_and_no_student_script(graded):
@@ -265,4 +265,4 @@ def test_unprivileged_grading_gives_the_same_points_and_contains_every_attack(gr
     assert "processes" in bomb or "Resource temporarily unavailable" in bomb, bomb[-2000:]
     assert _changed(before, after) == []
     assert _processes_with(ctx.marker) == []
-    assert _processes_with("course_lib.grading.sandbox") == []
+    assert _processes_with("course_lib.grading.worker") == []

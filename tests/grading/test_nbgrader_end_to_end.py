@@ -10,13 +10,14 @@ demonstration cell of the chapter changed.
 from __future__ import annotations
 
 import csv
+import os
 import shutil
 import subprocess
 import sys
 
 import pytest
 
-from course_lib.grading import config, notebook, sandbox
+from course_lib.grading import config, grade, notebook, worker
 from course_lib.grading import mutants as mutant_grader
 from tests.conftest import CHAPTERS, ROOT
 from tests.helpers import acceptance, answered, mutants, write
@@ -39,7 +40,8 @@ def graded(tmp_path_factory):
     write(answered(CHAPTER, mutant=acceptance(CHAPTER)[-1]), grading / "submitted" / "other_right" / target)
     tinkered = answered(CHAPTER)
     demo = min(notebook.unchanged_demonstrations(tinkered))
-    tinkered.cells[demo].source += '\nprint("TINKERED")'
+    tinkered.cells[demo].source += ('\nimport os\n'
+                                    'print("TINKERED", os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads())')
     write(tinkered, grading / "submitted" / "tinkerer" / target)
     proc = subprocess.run(
         ["make", "-o", ".venv/.installed", "grade", f"CHAPTER={CHAPTER}", f"GRADING={grading}",
@@ -109,10 +111,20 @@ def test_unchanged_demonstrations_are_not_run_and_a_changed_one_is(graded):
     demos = [released.cells[i].source for i in notebook.unchanged_demonstrations(released)]
     assert demos
     perfect, tinkerer = _stdout("perfect", grading), _stdout("tinkerer", grading)
-    assert all(perfect[source] == sandbox.SKIPPED for source in demos)
-    changed = next(source for source in tinkerer if source.endswith('print("TINKERED")'))
-    assert "TINKERED" in tinkerer[changed] and sandbox.SKIPPED not in tinkerer[changed]
+    assert all(perfect[source] == worker.SKIPPED for source in demos)
+    changed = next(source for source in tinkerer if "TINKERED" in source)
+    assert "TINKERED" in tinkerer[changed] and worker.SKIPPED not in tinkerer[changed]
     assert float(rows["tinkerer"]["autograded"]) == sum(_points().values())
+
+
+def test_students_graded_at_once_share_the_cpus(graded):
+    """Six students, graded as many at once as there are CPUs: torch in each sandbox has its share
+    of them (one thread on 2 cores), unless the instructor's environment says otherwise."""
+    grading, _, _ = graded
+    cpus = grade.usable_cpus()
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, cpus // min(6, cpus)))
+    printed = next(text for text in _stdout("tinkerer", grading).values() if "TINKERED" in text)
+    assert f"TINKERED {threads} {threads}\n" in printed, printed
 
 
 def test_feedback_is_written_for_every_student(graded):

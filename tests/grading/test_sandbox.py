@@ -12,7 +12,7 @@ import time
 import nbformat
 import pytest
 
-from course_lib.grading import config, notebook, sandbox
+from course_lib.grading import config, notebook, sandbox, worker
 from tests.conftest import CHAPTERS, ROOT, skip_or_fail
 
 
@@ -36,11 +36,11 @@ def _texts(cell):
 def test_worker_survives_timeouts_kernel_death_and_huge_output(tmp_path):
     nb = _notebook("while True:\n    pass", "import os\nos._exit(3)", "print('x' * 10**7)",
                    "print(base + 1)", setup=["base = 41"])
-    out = sandbox.execute(nb, timeout=3, path=str(tmp_path))
+    out = worker.execute(nb, timeout=3, path=str(tmp_path))
     assert _texts(out.cells[2])[1] == ["CellTimeoutError"]
     assert _texts(out.cells[3])[1] == ["DeadKernelError"]
     text, _ = _texts(out.cells[4])
-    assert len(text) < 2 * sandbox.MAX_OUTPUT_CHARS and "output truncated" in text
+    assert len(text) < 2 * worker.MAX_OUTPUT_CHARS and "output truncated" in text
     assert _texts(out.cells[5])[0] == "42\n"  # set-up re-run in the new kernel
 
 
@@ -52,7 +52,7 @@ def test_a_cell_that_ignores_interrupts_is_stopped_at_its_limit_and_the_notebook
     # 8 s for the notebook: the first stubborn cell (3 s) and two kernel starts leave the print
     # time to run however slow the starts (up to 4 s together), and 'late' runs only if the second
     # stubborn cell (3 s) and three starts took under 1 s together, which no kernel start allows.
-    out = sandbox.execute(nb, timeout=3, path=str(tmp_path), notebook_s=8)
+    out = worker.execute(nb, timeout=3, path=str(tmp_path), notebook_s=8)
     assert time.monotonic() - start < 25
     assert _texts(out.cells[2])[1] == ["CellTimeoutError"] and "3 s limit" in out.cells[2].outputs[-1].evalue
     assert _texts(out.cells[3])[0] == "42\n"  # the points earned elsewhere stay
@@ -167,6 +167,34 @@ def test_held_files_count_memfd_and_deleted_files_once_by_their_pages(tmp_path):
     assert sandbox._tmpfs_used([os.getpid()], ("/tmp",)) == 0
 
 
+def test_the_process_tree_is_read_the_same_from_the_children_lists_and_from_all_of_proc(monkeypatch):
+    """A child forked by a second thread, a grandchild orphaned to the tree's root, a child that
+    ended: both readers find the same processes, in order of start, and nothing else."""
+    code = ("import os, subprocess, sys, threading, time\n"
+            "sleep = [sys.executable, '-c', 'import time; time.sleep(30)']\n"
+            "threading.Thread(target=lambda: subprocess.Popen(sleep)).start()\n"
+            "if (pid := os.fork()) == 0:\n"
+            "    subprocess.Popen(sleep); os._exit(0)\n"
+            "os.waitpid(pid, 0)\n"  # its child is orphaned
+            "subprocess.run([sys.executable, '-c', 'pass'])\n"
+            "time.sleep(1); print('ready', flush=True); time.sleep(30)")
+    # the root is a subreaper, as bubblewrap's init is in its pid namespace: orphans stay in the tree
+    root = subprocess.Popen([sys.executable, "-c", "import ctypes, os, sys\n"
+                             "ctypes.CDLL(None).prctl(36, 1)\n"  # PR_SET_CHILD_SUBREAPER
+                             f"os.execv(sys.executable, [sys.executable, '-c', {code!r}])"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert root.stdout.readline() == "ready\n"
+        fast = sandbox._tree(root.pid)
+        monkeypatch.setattr(sandbox, "_children_listed", lambda: False)
+        assert sorted(fast) == sorted(sandbox._tree(root.pid))  # (siblings of one tick in either order)
+        assert fast[0] == root.pid and len(fast) == 3  # the root, the thread's child, the orphan
+    finally:
+        for pid in reversed(sandbox._tree(root.pid)):
+            sandbox._kill(pid)
+        root.wait()
+
+
 @pytest.mark.parametrize("limit, code, reason", [
     (sandbox.Limits(processes=20), "import os, time\nfor _ in range(60):\n    if os.fork() == 0:\n"
      "        time.sleep(30); os._exit(0)\ntime.sleep(30)", "more than 20 processes"),
@@ -237,12 +265,12 @@ class _Kernels:
 
 
 def test_a_kernel_that_dies_while_starting_is_tried_three_times(monkeypatch):
-    monkeypatch.setattr(sandbox.time, "sleep", lambda s: None)
+    monkeypatch.setattr(worker.time, "sleep", lambda s: None)
     kernels = _Kernels(failures=2)
-    with sandbox._start_kernel(kernels, env={}, sandboxed=False):
+    with worker._start_kernel(kernels, env={}, sandboxed=False):
         assert kernels.starts == 3
     with pytest.raises(RuntimeError, match="kernel_info"):
-        sandbox._start_kernel(_Kernels(failures=3), env={}, sandboxed=False)
+        worker._start_kernel(_Kernels(failures=3), env={}, sandboxed=False)
 
 
 def test_when_no_kernel_starts_every_cell_says_so_and_the_worker_still_answers(tmp_path, monkeypatch):
@@ -252,8 +280,8 @@ def test_when_no_kernel_starts_every_cell_says_so_and_the_worker_still_answers(t
         "argv": [sys.executable, "-c", "raise SystemExit(1)", "{connection_file}"],
         "display_name": "dead", "language": "python"}))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
-    monkeypatch.setattr(sandbox.time, "sleep", lambda s: None)
-    out = sandbox.execute(_notebook("print(1)", "print(2)"), timeout=20, path=str(tmp_path),
+    monkeypatch.setattr(worker.time, "sleep", lambda s: None)
+    out = worker.execute(_notebook("print(1)", "print(2)"), timeout=20, path=str(tmp_path),
                           kernel_name="dead")
     assert [_texts(c)[1] for c in out.cells] == [["KernelStartError"]] * 3
     explained = sandbox._explain_deaths(out, ["it started more than 64 processes"])
