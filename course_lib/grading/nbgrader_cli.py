@@ -103,7 +103,7 @@ class _Autograder:
             self.proc = subprocess.Popen(self.cmd, cwd=config.root(), env=self.env, text=True,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
         try:
-            self.proc.stdin.write(student + "\n")
+            self.proc.stdin.write(json.dumps(student) + "\n")  # any folder name on one line
             self.proc.stdin.flush()
             answer = json.loads(self.proc.stdout.readline() or "null")
         except (OSError, ValueError):
@@ -127,7 +127,7 @@ class _Autograder:
 
 def _serve_autograde(argv: list[str]) -> None:
     """The process of :func:`autograde`: nbgrader's command line ``argv`` once, then a student id
-    per line on standard input and a JSON line per student on standard output."""
+    per line on standard input (as a JSON string) and a JSON line per student on standard output."""
     from nbgrader.apps import NbGraderApp
     from nbgrader.converters import Autograde
     from nbgrader.converters.base import NbGraderException
@@ -139,7 +139,7 @@ def _serve_autograde(argv: list[str]) -> None:
     grader = app.subapp
     grader.coursedir.assignment_id = argv[0]
     for line in sys.stdin:
-        student = line.strip()
+        student = json.loads(line)
         grader.coursedir.student_id = student
         buffer = io.StringIO()
         handler = logging.StreamHandler(buffer)

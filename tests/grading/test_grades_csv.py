@@ -101,7 +101,7 @@ def test_an_autograding_process_that_dies_fails_its_student_alone_and_is_started
     the process printed, and the next student is graded by a new process."""
     script = ("import json, os, sys\n"
               "for line in sys.stdin:\n"
-              "    student = line.strip()\n"
+              "    student = json.loads(line)\n"
               "    if student == 'crash':\n"
               "        print('it broke here', file=sys.stderr, flush=True)\n"
               "        os._exit(3)\n"
@@ -112,3 +112,4 @@ def test_an_autograding_process_that_dies_fails_its_student_alone_and_is_started
         why = grader.grade("crash")
         assert why.startswith("nbgrader autograde stopped (exit status 3)") and "it broke here" in why
         assert grader.grade("bob") is None and grader.proc.pid != first
+        assert grader.grade("a folder\nname") is None  # one line per student, whatever the name
