@@ -26,7 +26,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from .cache import KVCache, RollingKVCache
-from .core import IMPLS, repeat_kv, scaled_dot_product_attention
+from .core import IMPLS, broadcast_shape, repeat_kv, scaled_dot_product_attention
 from .masks import causal_mask, sliding_window_mask
 
 __all__ = ["MultiHeadAttention"]
@@ -146,8 +146,8 @@ class MultiHeadAttention(nn.Module):
         if mask is not None:
             expected = (B, self.n_heads, S, Sk)
             try:
-                ok = mask.dim() <= 4 and torch.broadcast_shapes(mask.shape, expected) == expected
-            except RuntimeError:
+                ok = mask.dim() <= 4 and broadcast_shape(mask.shape, expected) == expected
+            except ValueError:
                 ok = False
             if not ok:
                 raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to "

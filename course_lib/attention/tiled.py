@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .core import _check_inputs
+from .core import _check_inputs, broadcast_shape
 
 __all__ = ["tiled_attention", "TensorWatch", "watch_tensors"]
 
@@ -73,7 +73,7 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     scale = 1.0 / math.sqrt(Dh) if scale is None else scale
     dtype = q.dtype
     work = torch.promote_types(q.dtype, torch.float32)  # float64 stays, bf16/fp16 compute in fp32
-    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    lead = broadcast_shape(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     q = q.to(work) * scale  # scale the queries once instead of every block of scores
     m = torch.full((*lead, S, 1), float("-inf"), dtype=work, device=q.device)  # running max
     denom = torch.zeros((*lead, S, 1), dtype=work, device=q.device)  # l: running sum of exp(s - m)

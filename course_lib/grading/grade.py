@@ -13,10 +13,10 @@ Grading
    changed points or ids) is repaired from the release, with a note; code worth a person's look
    (monkeypatching, interpreter hooks) is flagged, never penalised;
 4. autogrades each student with nbgrader, several at a time (``jobs`` processes, each loading
-   nbgrader once and grading student after student: :func:`nbgrader_cli.autograde`), from a clean
+   nbgrader once and grading student after student: :func:`nbgrader_cli.each_student`), from a clean
    copy written under ``<grading>/staged/`` (the submission itself is never changed, so grading
    again gives the same notes), each notebook executed in the sandbox of ``sandbox.py``;
-5. writes feedback HTML per student (no hidden tests in it, see ``feedback.py``),
+5. writes feedback HTML per student (no hidden tests in it, see ``feedback.py``; a process per CPU),
    ``<grading>/grades.csv`` (one row per student of the export: name, LMS id, points per exercise
    and written question, sums, problem, notes, flags) and a summary per exercise as
    ``summary.txt`` and ``summary.png``. Problems, notes and flags are kept in
@@ -158,8 +158,8 @@ def grade(chapter: str, grading_dir: Path | None = None, jobs: int | None = None
     for student in gradable:
         (reports / f"{student}.json").unlink(missing_ok=True)
     jobs = jobs or max(1, min(len(gradable), usable_cpus()))
-    failed = nbgrader_cli.autograde(chapter, gradable, "--force", *extra, jobs=jobs, grading_dir=out,
-                                    submitted_dir=out / "staged", env=thread_env(jobs))
+    failed = nbgrader_cli.each_student("autograde", chapter, gradable, "--force", *extra, jobs=jobs,
+                                       grading_dir=out, submitted_dir=out / "staged", env=thread_env(jobs))
     for student in gradable:
         if failed[student]:
             record[student]["problem"] = why = f"autograding failed: {failure_cause(failed[student], out)}"
@@ -271,8 +271,13 @@ def export(chapter: str, grading_dir: Path | None = None) -> Path:
 
 
 def _write_outputs(chapter: str, g: Path, students: list[str], record: dict) -> Path:
-    if any(not record[s]["problem"] for s in students):
-        nbgrader_cli.run("generate_feedback", chapter, "--force", grading_dir=g)
+    if any(not record[s]["problem"] for s in students):  # every autograded notebook's page
+        done = sorted(p.parent.name for p in (g / "autograded").glob(f"*/{chapter}") if p.is_dir())
+        failed = nbgrader_cli.each_student("generate_feedback", chapter, done, "--force", grading_dir=g,
+                                           jobs=usable_cpus())
+        logs = [log for log in failed.values() if log]
+        if logs:
+            raise RuntimeError("\n".join(["nbgrader generate_feedback failed:", *logs]))
     path = write_grades_csv(chapter, students, g, record)
     write_summary(path)
     return path

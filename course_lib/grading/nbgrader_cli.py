@@ -55,28 +55,31 @@ def run(step: str, chapter: str, *extra: str, grading_dir=None, release_dir=None
         raise RuntimeError(f"nbgrader {step} {chapter} failed:\n{proc.stdout}\n{proc.stderr}")
 
 
-def autograde(chapter: str, students: list[str], *extra: str, jobs: int = 1, grading_dir=None,
-              submitted_dir=None, env: dict[str, str] | None = None) -> dict[str, str | None]:
-    """``nbgrader autograde CHAPTER`` for each of ``students``, ``jobs`` at a time, with ``env``
-    added to the environment; returns, per student, None once graded, else nbgrader's log of the
-    failure. Each of the ``jobs`` processes loads nbgrader and the course's configuration once and
-    grades student after student from a shared queue (a process per student spent about 3 s of
-    CPU on loading them)."""
+STEPS = {"autograde": "Autograde", "generate_feedback": "GenerateFeedback"}  # step -> nbgrader converter
+
+
+def each_student(step: str, chapter: str, students: list[str], *extra: str, jobs: int = 1, grading_dir=None,
+                 submitted_dir=None, env: dict[str, str] | None = None) -> dict[str, str | None]:
+    """``nbgrader STEP CHAPTER`` (a step of :data:`STEPS`) for each of ``students``, ``jobs`` at a
+    time, with ``env`` added to the environment; returns, per student, None once done, else
+    nbgrader's log of the failure. Each of the ``jobs`` processes loads nbgrader and the course's
+    configuration once and takes student after student from a shared queue (a process per
+    student spent about 3 s of CPU on loading them)."""
     g = Path(grading_dir or config.root() / "grading")
     g.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "course_lib.grading.nbgrader_cli", "autograde", chapter,
+    cmd = [sys.executable, "-m", "course_lib.grading.nbgrader_cli", step, chapter,
            *course_args(g, None, submitted_dir), *extra]
     todo, results = iter(students), {}
     lock = threading.Lock()
 
     def work() -> None:
-        with _Autograder(cmd, env) as grader:
+        with _Student(cmd, f"nbgrader {step} {chapter}", env) as one:
             while True:
                 with lock:
                     student = next(todo, None)
                 if student is None:
                     return
-                results[student] = grader.grade(student)
+                results[student] = one.run(student)
 
     threads = [threading.Thread(target=work) for _ in range(max(1, min(jobs, len(students))))]
     for thread in threads:
@@ -86,17 +89,17 @@ def autograde(chapter: str, students: list[str], *extra: str, jobs: int = 1, gra
     return results
 
 
-class _Autograder:
-    """A process of :func:`autograde` (:func:`_serve_autograde`), started again after it dies."""
+class _Student:
+    """A process of :func:`each_student` (:func:`_serve`), started again after it dies."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str] | None = None):
+    def __init__(self, cmd: list[str], what: str, env: dict[str, str] | None = None):
         scripts = str(Path(sys.executable).parent)  # nbgrader calls `alembic` by name
         path = os.pathsep.join([scripts, os.environ.get("PATH", "")])
         self.env = {**os.environ, **(env or {}), "PATH": path}
-        self.cmd, self.proc = cmd, None
+        self.cmd, self.what, self.proc = cmd, what, None
         self.log = tempfile.TemporaryFile("w+")  # the process's own output, read if it dies
 
-    def grade(self, student: str) -> str | None:
+    def run(self, student: str) -> str | None:
         if self.proc is None or self.proc.poll() is not None:
             self.log.seek(0)
             self.log.truncate()
@@ -113,7 +116,7 @@ class _Autograder:
         self.proc.kill()
         self.proc.wait()
         self.log.seek(0)
-        return f"nbgrader autograde stopped (exit status {self.proc.returncode}):\n{self.log.read()[-5000:]}"
+        return f"{self.what} stopped (exit status {self.proc.returncode}):\n{self.log.read()[-5000:]}"
 
     def __enter__(self):
         return self
@@ -125,41 +128,42 @@ class _Autograder:
         self.log.close()
 
 
-def _serve_autograde(argv: list[str]) -> None:
-    """The process of :func:`autograde`: nbgrader's command line ``argv`` once, then a student id
-    per line on standard input (as a JSON string) and a JSON line per student on standard output."""
+def _serve(step: str, argv: list[str]) -> None:
+    """The process of :func:`each_student`: nbgrader's command line ``STEP argv`` once, then a
+    student id per line on standard input (as a JSON string) and a JSON line per student on
+    standard output."""
+    import nbgrader.converters
     from nbgrader.apps import NbGraderApp
-    from nbgrader.converters import Autograde
     from nbgrader.converters.base import NbGraderException
 
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # whatever else is printed goes to the log, never among the answers
     app = NbGraderApp()
-    app.initialize(["autograde", *argv])
-    grader = app.subapp
-    grader.coursedir.assignment_id = argv[0]
+    app.initialize([step, *argv])
+    step_app, converter = app.subapp, getattr(nbgrader.converters, STEPS[step])
+    step_app.coursedir.assignment_id = argv[0]
     for line in sys.stdin:
         student = json.loads(line)
-        grader.coursedir.student_id = student
+        step_app.coursedir.student_id = student
         buffer = io.StringIO()
         handler = logging.StreamHandler(buffer)
         handler.setFormatter(logging.Formatter("[%(name)s | %(levelname)s] %(message)s"))
-        grader.log.addHandler(handler)
+        step_app.log.addHandler(handler)
         failure = None
         try:
-            Autograde(coursedir=grader.coursedir, parent=grader).start()
+            converter(coursedir=step_app.coursedir, parent=step_app).start()
         except NbGraderException:  # its log says why, as nbgrader's command line does
             failure = buffer.getvalue()
-        except Exception:  # noqa: BLE001 (any other: the student is not graded, and the log says why)
+        except Exception:  # noqa: BLE001 (any other: the student is not done, and the log says why)
             failure = buffer.getvalue() + traceback.format_exc()
         finally:
-            grader.log.removeHandler(handler)
+            step_app.log.removeHandler(handler)
         answers.write(json.dumps({"student": student, "failure": failure}) + "\n")
         answers.flush()
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["autograde"]:
-        sys.exit("usage: python -m course_lib.grading.nbgrader_cli autograde CHAPTER [nbgrader options] "
-                 "< student ids")
-    _serve_autograde(sys.argv[2:])
+    if sys.argv[1:2] not in ([step] for step in STEPS):
+        sys.exit(f"usage: python -m course_lib.grading.nbgrader_cli {{{','.join(STEPS)}}} CHAPTER "
+                 "[nbgrader options] < student ids")
+    _serve(sys.argv[1], sys.argv[2:])

@@ -382,9 +382,9 @@ class SandboxedExecute(NbGraderPreprocessor):
                  if c.cell_type == "code" and notebook.nbgrader_meta(c).get("grade")}
         skip = tests | (set() if self.all_cells else notebook.unchanged_demonstrations(nb))
         command = [sys.executable, "-m", "course_lib.grading.worker", "--timeout", str(per_cell),
-                  "--notebook-timeout", str(limits.notebook_s), "--memory", str(limits.memory_bytes),
-                  # unsandboxed, RLIMIT_NPROC would count the instructor's own processes
-                  "--processes", str(limits.processes if why is None else 0)]
+                   "--notebook-timeout", str(limits.notebook_s), "--memory", str(limits.memory_bytes),
+                   # unsandboxed, RLIMIT_NPROC would count the instructor's own processes
+                   "--processes", str(limits.processes if why is None else 0)]
         command += ["--skip", ",".join(map(str, sorted(skip)))] if skip else []
         out, failure, _ = _confined(command + ["--sandboxed"] * (why is None), nbformat.writes(nb), limits,
                                     sandboxed=why is None, cwd=resources.get("metadata", {}).get("path"))

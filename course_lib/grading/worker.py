@@ -7,7 +7,8 @@ starts (tried three times), the set-up cells run again and grading goes on from 
 Output beyond ``MAX_OUTPUT_CHARS`` per cell is dropped with a note. The cells in ``--skip``
 (the tests, and the chapter's unchanged demonstrations) are not run and say so.
 
-    python -m course_lib.grading.worker --timeout 60 --skip 4,6 [--sandboxed] < in.ipynb > out.ipynb
+    python -m course_lib.grading.worker --timeout 60 --memory 6442450944 --processes 64 --skip 4,6 \
+        [--sandboxed] < in.ipynb > out.ipynb
 """
 
 from __future__ import annotations

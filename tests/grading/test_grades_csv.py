@@ -96,7 +96,7 @@ def test_problems_of_collect_and_of_a_real_grader_failure_reach_grades_csv_in_wo
 
 
 def test_an_autograding_process_that_dies_fails_its_student_alone_and_is_started_again():
-    """The process that grades student after student (nbgrader_cli.autograde), here a stand-in
+    """The process that grades student after student (nbgrader_cli.each_student), here a stand-in
     that answers as it does and dies at one student: that student's failure says how, with what
     the process printed, and the next student is graded by a new process."""
     script = ("import json, os, sys\n"
@@ -106,10 +106,10 @@ def test_an_autograding_process_that_dies_fails_its_student_alone_and_is_started
               "        print('it broke here', file=sys.stderr, flush=True)\n"
               "        os._exit(3)\n"
               "    print(json.dumps({'student': student, 'failure': None}), flush=True)\n")
-    with nbgrader_cli._Autograder([sys.executable, "-c", script]) as grader:
-        assert grader.grade("ann") is None
+    with nbgrader_cli._Student([sys.executable, "-c", script], f"nbgrader autograde {CHAPTER}") as grader:
+        assert grader.run("ann") is None
         first = grader.proc.pid
-        why = grader.grade("crash")
-        assert why.startswith("nbgrader autograde stopped (exit status 3)") and "it broke here" in why
-        assert grader.grade("bob") is None and grader.proc.pid != first
-        assert grader.grade("a folder\nname") is None  # one line per student, whatever the name
+        why = grader.run("crash")
+        assert why.startswith(f"nbgrader autograde {CHAPTER} stopped (exit status 3)") and "it broke here" in why
+        assert grader.run("bob") is None and grader.proc.pid != first
+        assert grader.run("a folder\nname") is None  # one line per student, whatever the name

@@ -41,6 +41,7 @@ def test_a_chapter_03_submission_gets_the_same_points_in_a_fraction_of_the_full_
     demos = notebook.unchanged_demonstrations(submission)
     assert demos and all(_text(needed_nb.cells[i]) == worker.SKIPPED for i in demos)
     assert not any(worker.SKIPPED in _text(full_nb.cells[i]) for i in demos)
-    # The full run takes about the chapter's book time plus the graded runs; grading needs a
-    # fraction of it (on 2 cores: 9 s against 41 s).
-    assert needed_s < 0.5 * all_s, (needed_s, all_s)
+    # The full run takes the chapter's book time (31 s on 2 quiet cores) more than grading does.
+    # Each run also pays the release, nbgrader's start, the graded runs and the feedback page:
+    # 22 s against 60 s on 2 quiet cores.
+    assert needed_s < 0.6 * all_s, (needed_s, all_s)

@@ -566,3 +566,17 @@ def test_tiled_attention_errors_name_the_bad_value():
         A.tiled_attention(q, k[..., :3, :], v[..., :3, :], causal=True)
     with pytest.raises(ValueError, match="must be bool"):
         A.tiled_attention(q, k, v, torch.zeros(S, S))
+
+
+@pytest.mark.parametrize("shapes", [
+    [(2, 1, 4), (3, 1), ()], [(1,), (5,)], [(0, 3), (1, 3)], [(2, 3, 4, 5)], [(1, 1, 7, 7), (2, 4, 7, 7)],
+    [(3,), (4,)], [(2, 3), (3, 2)], [(0,), (3,)], [(2, 1, 4), (1, 3, 5)],
+])
+def test_broadcast_shape_follows_torch(shapes):
+    try:
+        want = tuple(torch.broadcast_shapes(*shapes))
+    except RuntimeError:
+        with pytest.raises(ValueError, match="do not broadcast"):
+            A.core.broadcast_shape(*shapes)
+        return
+    assert A.core.broadcast_shape(*shapes) == want
