@@ -40,6 +40,13 @@ def course_args(grading_dir: Path | None = None, release_dir: Path | None = None
     return args
 
 
+def _nbgrader_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment with ``extra``, and this interpreter's scripts first on PATH: nbgrader
+    calls the `alembic` script by name."""
+    scripts = str(Path(sys.executable).parent)
+    return {**os.environ, **(extra or {}), "PATH": os.pathsep.join([scripts, os.environ.get("PATH", "")])}
+
+
 def run(step: str, chapter: str, *extra: str, grading_dir=None, release_dir=None,
         submitted_dir=None) -> None:
     """``nbgrader STEP CHAPTER ...`` with the course's folders; raises if nbgrader fails."""
@@ -47,9 +54,7 @@ def run(step: str, chapter: str, *extra: str, grading_dir=None, release_dir=None
     g.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "nbgrader", step, chapter,
            *course_args(g, release_dir, submitted_dir), *extra]
-    # nbgrader calls the `alembic` script by name: put this interpreter's scripts on PATH.
-    scripts = str(Path(sys.executable).parent)
-    env = dict(os.environ, PATH=os.pathsep.join([scripts, os.environ.get("PATH", "")]))
+    env = _nbgrader_env()
     proc = subprocess.run(cmd, cwd=config.root(), capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"nbgrader {step} {chapter} failed:\n{proc.stdout}\n{proc.stderr}")
@@ -93,9 +98,7 @@ class _Student:
     """A process of :func:`each_student` (:func:`_serve`), started again after it dies."""
 
     def __init__(self, cmd: list[str], what: str, env: dict[str, str] | None = None):
-        scripts = str(Path(sys.executable).parent)  # nbgrader calls `alembic` by name
-        path = os.pathsep.join([scripts, os.environ.get("PATH", "")])
-        self.env = {**os.environ, **(env or {}), "PATH": path}
+        self.env = _nbgrader_env(env)
         self.cmd, self.what, self.proc = cmd, what, None
         self.log = tempfile.TemporaryFile("w+")  # the process's own output, read if it dies
 
