@@ -18,7 +18,8 @@ AS_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 .PHONY: help install book test test-fast release collect grade merge export formgrader mutants check nbval lab bench checkpoint sweep moe-runs lint constraints clean
 
 help:
-	@echo "make book      build the HTML book into _build/html (executes every solution once)"
+	@echo "make book      build the HTML book into _build/html (executes every solution once;"
+	@echo "               CHAPTER=03 rebuilds that chapter into the book already built)"
 	@echo "make test      build the book, then run every test"
 	@echo "make release   regenerate student notebooks from solutions (CHAPTER=01_tokenization or all)"
 	@echo "make collect   file an LMS export: make collect CHAPTER=01_tokenization FROM=export.zip"
@@ -51,8 +52,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# CHAPTER=NN rebuilds one chapter into the book an earlier full build made.
 book: $(STAMP)
-	$(PY) -m course_lib.grading book
+	$(PY) -m course_lib.grading book --chapter $(CHAPTER)
 
 test: book
 	$(PY) -m pytest

@@ -2,6 +2,7 @@
 
     python -m course_lib.grading release [CHAPTER|all]   regenerate notebooks/ from solutions/
     python -m course_lib.grading book                    build the HTML book into _build/html
+    python -m course_lib.grading book --chapter CHAPTER  rebuild one chapter into the built book
     python -m course_lib.grading book --only CHAPTER     run one chapter and record what it glues
     python -m course_lib.grading collect CHAPTER ZIP_OR_FOLDER [--pattern REGEX]
                                                          file an LMS export for grading
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("release", help="regenerate student notebooks from solutions")
     p.add_argument("chapter", nargs="?", default="all")
     p = sub.add_parser("book", help="build the HTML book")
+    p.add_argument("--chapter", metavar="CHAPTER", default="all",
+                   help="rebuild only this chapter into the book an earlier build made (default: all)")
     p.add_argument("--only", metavar="CHAPTER",
                    help="only run this chapter and record the values its prose quotes (for release)")
     p = sub.add_parser("collect", help="file a zip or folder of submissions for grading",
@@ -67,10 +70,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"Released {release.release(chapter).relative_to(config.root())}")
     elif args.command == "book" and args.only:
         for chapter in config.resolve_chapters(args.only):
-            _, seconds, _ = book.measure(chapter)
-            print(f"{chapter}: {seconds:.1f} s; glued values in {glue.build_path(chapter)}")
+            run = book.measure(chapter)
+            print(f"{chapter}: {run.seconds:.1f} s; glued values in {glue.build_path(chapter)}")
     elif args.command == "book":
-        html, failures = book.build()
+        html, failures = book.build(None if args.chapter == "all" else config.resolve_chapters(args.chapter))
         print(f"Book written to {html}/index.html")
         if failures:
             print(f"{len(failures)} chapter(s) failed to run, built without outputs:", file=sys.stderr)

@@ -36,7 +36,7 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-from . import config, notebook
+from . import config, notebook, work_limit
 
 ANSWER_PLACEHOLDER = "YOUR ANSWER HERE"  # what nbgrader leaves in an unanswered written question
 _MARK = "__course_selfcheck__"
@@ -173,13 +173,16 @@ def borrowed_names(nb, ex: notebook.Exercise) -> list[str]:
     return sorted(candidates & elsewhere)
 
 
-def _client(nb, path: Path, timeout: int | None) -> NotebookClient:
+def _client(nb, path: Path, timeout: int | None) -> work_limit.WatchedClient:
+    """A client whose cells may use ``timeout`` CPU seconds each (:mod:`.work_limit`): a cell
+    over it is interrupted and the kernel, with what the earlier cells defined, goes on."""
     quiet = logging.getLogger("course_lib.selfcheck")  # nbclient's own log would print tracebacks
     quiet.setLevel(logging.CRITICAL)
-    return NotebookClient(nb, timeout=timeout or config.cell_timeout(), kernel_name="python3",
-                          allow_errors=True, interrupt_on_timeout=True, log=quiet,
-                          shutdown_kernel="immediate",  # nothing to save: a graceful stop costs a second
-                          resources={"metadata": {"path": str(path.parent)}})
+    return work_limit.WatchedClient(nb, timeout or config.cell_timeout(),
+                                    interrupt_on_limit=True, kernel_name="python3", allow_errors=True,
+                                    interrupt_on_timeout=True, log=quiet,
+                                    shutdown_kernel="immediate",  # nothing to save; a graceful stop waits
+                                    resources={"metadata": {"path": str(path.parent)}})
 
 
 def cells_to_run(nb, exercise: str | None = None, all_cells: bool = False,
@@ -208,11 +211,12 @@ def check(path: Path, timeout: int | None = None, exercise: str | None = None,
     nb = notebook.read(path)
     exercises, order = cells_to_run(nb, exercise, all_cells, name=path.name)
     graded = {i for ex in exercises for i in (ex.solution_cell, ex.test_cell)}
+    env = config.kernel_env()
     client = _client(nb, path, timeout)
     stopped: dict[int, str] = {}
     where: dict[int, dict] = {}
     with tempfile.TemporaryFile("w+") as kernel_stderr, \
-            client.setup_kernel(env=config.kernel_env(), stderr=kernel_stderr):
+            client.setup_kernel(env=env, stderr=kernel_stderr):
         for n, index in enumerate(order):
             start = time.monotonic()
             try:
@@ -221,12 +225,17 @@ def check(path: Path, timeout: int | None = None, exercise: str | None = None,
                 pass
             except DeadKernelError:  # the remaining cells cannot run
                 kernel_stderr.seek(0)
-                last_words = kernel_stderr.read().strip().splitlines()[-1:] or ["no message"]
-                for later in order[n:]:
-                    stopped[later] = f"the kernel died ({last_words[0][:200]})"
+                why = (f"the cell {client.stopped}" if client.stopped
+                       else f"the kernel died ({client.death(kernel_stderr.read())})")
+                stopped[index] = why
+                for later in order[n + 1:]:
+                    stopped[later] = f"not run: {why}" if client.stopped else why
                 break
-            if time.monotonic() - start >= client.timeout:  # interrupted (interrupt_on_timeout)
-                stopped[index] = f"the cell ran past the limit of {client.timeout} s per cell"
+            if client.stopped:  # interrupted at its limit of work
+                stopped[index] = f"the cell {client.stopped}"
+            elif time.monotonic() - start >= client.timeout:  # interrupted (interrupt_on_timeout)
+                stopped[index] = (f"the cell ran past the wall-clock backstop of {client.timeout} s "
+                                  f"({work_limit.BACKSTOP} times its limit of {client.work_limit} CPU seconds)")
             elif _error_of(nb.cells[index]) and index in graded:
                 where[index] = _where(client, index)
     results = []
@@ -318,11 +327,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.exercise and len(paths) != 1:
             raise ValueError("--exercise needs one notebook, not a folder or 'all'")
         ok = True
-        for path in paths:
+        for n, path in enumerate(paths, 1):
+            if len(paths) > 1:  # before the check: a whole chapter takes seconds
+                print(f"\n[{n}/{len(paths)}] {path}", flush=True)
             results = check(path, args.timeout, args.exercise, args.all_cells)
             questions = [] if args.exercise else written(path)
-            if len(paths) > 1:
-                print(f"\n{path}")
             print(report(results + questions))
             passed = sum(r.status == "PASS" for r in results)
             todo = sum(r.status == "TODO" for r in questions)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -76,6 +77,7 @@ def each_student(step: str, chapter: str, students: list[str], *extra: str, jobs
            *course_args(g, None, submitted_dir), *extra]
     todo, results = iter(students), {}
     lock = threading.Lock()
+    show = _progress(f"nbgrader {step} {chapter}", len(students))
 
     def work() -> None:
         with _Student(cmd, f"nbgrader {step} {chapter}", env) as one:
@@ -85,13 +87,31 @@ def each_student(step: str, chapter: str, students: list[str], *extra: str, jobs
                 if student is None:
                     return
                 results[student] = one.run(student)
+                with lock:
+                    show(results)
 
     threads = [threading.Thread(target=work) for _ in range(max(1, min(jobs, len(students))))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    show(results, end=True)
     return results
+
+
+def _progress(what: str, count: int):
+    """A callback that rewrites one terminal line: students done of ``count``, failures so far and
+    the time left at the pace so far. Silent when standard output is not a terminal (CI logs)."""
+    start = time.monotonic()
+
+    def show(results: dict, end: bool = False) -> None:
+        if not sys.stdout.isatty() or not count:
+            return
+        done, failed = len(results), sum(r is not None for r in results.values())
+        left = (time.monotonic() - start) / max(done, 1) * (count - done)
+        print(f"\r{what}: {done} of {count} students, {failed} failed, about {left:.0f} s left  ",
+              end="\n" if end else "", flush=True)
+    return show
 
 
 class _Student:

@@ -31,8 +31,10 @@ Limits hold for the whole submission, not per process (:class:`Limits`): a watch
 sandbox adds up the memory of all its processes, its tmpfs and the deleted files they hold open
 (memfd files too), counts its processes and their CPU time, and kills the kernel's processes
 when one limit is passed; the worker records that cell as failed with the reason, starts a new
-kernel and goes on. Each cell has the course's per-cell limit and the notebook one wall-clock
-limit (``Limits.notebook_s``) that does not grow with the number of cells: a cell that ignores
+kernel and goes on. Each cell has the course's per-cell limit, in CPU seconds of the kernel's
+process tree with a wall clock ten times longer as a backstop (:mod:`.work_limit`: a busy grading
+server stops the same cells as a quiet one), and the notebook one wall-clock limit
+(``Limits.notebook_s``) that does not grow with the number of cells: a cell that ignores
 interrupts is killed at its limit, cells not reached by the notebook's limit are marked so, and
 the student keeps the points earned elsewhere. When the sandbox ends every process in it ends
 (pid namespace, ``--die-with-parent``).

@@ -50,7 +50,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import config, notebook
+from . import config, notebook, work_limit
 
 MAX_RECORD_BYTES = 64 * 2**20  # one exercise's record, as sent
 SETUP_S = 15  # beyond the cell limit, for a graded run's set-up cells and answer
@@ -293,13 +293,18 @@ def _fork(req: dict, group: list[dict], timeout: float) -> dict:
         finally:
             os._exit(code)
     os.close(out_w)
-    chunks, size = [], 0
-    end = time.monotonic() + timeout
+    chunks, size, over = [], 0, False
+    # ``timeout`` CPU seconds of the child's process tree (what load does not change), and a wall
+    # clock BACKSTOP times longer for a child that only waits
+    end = time.monotonic() + timeout * work_limit.BACKSTOP
     with os.fdopen(out_r, "rb", buffering=0) as pipe:
         while time.monotonic() < end and size <= MAX_RECORD_BYTES * len(group):
-            ready, _, _ = select.select([pipe], [], [], max(0.0, end - time.monotonic()))
+            ready, _, _ = select.select([pipe], [], [], min(0.25, max(0.0, end - time.monotonic())))
             if not ready:
-                break
+                over = work_limit.tree_cpu_seconds(pid) > timeout
+                if over:
+                    break
+                continue
             chunk = pipe.read(1 << 20)
             if not chunk:
                 break
@@ -324,8 +329,10 @@ def _fork(req: dict, group: list[dict], timeout: float) -> dict:
             results[message["name"]] = message["result"]
     if size > MAX_RECORD_BYTES * len(group):
         why = "the answer's results were too large to send"
+    elif over:
+        why = f"it ran past its limit of {timeout:.0f} CPU seconds and was stopped"
     elif os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL and time.monotonic() >= end:
-        why = f"it ran past its {timeout:.0f} s limit and was stopped"
+        why = f"it ran past the wall-clock limit of {timeout * work_limit.BACKSTOP:.0f} s and was stopped"
     elif os.WIFSIGNALED(status):
         why = f"its process was killed (signal {os.WTERMSIG(status)}; see the limits)"
     else:

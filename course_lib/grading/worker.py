@@ -22,10 +22,9 @@ import sys
 import time
 
 import nbformat
-from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-from . import config, notebook
+from . import config, notebook, work_limit
 
 NOTEBOOK_S = 600  # the whole notebook's wall clock, however many cells (sandbox.Limits)
 MAX_OUTPUT_CHARS = 100_000
@@ -37,8 +36,9 @@ def _size(outputs) -> int:
     return sum(len(str(o.get("text", ""))) + len(str(o.get("data", ""))) for o in outputs)
 
 
-class _LimitedClient(NotebookClient):
-    """A notebook client that keeps about ``MAX_OUTPUT_CHARS`` of output per cell."""
+class _LimitedClient(work_limit.WatchedClient):
+    """A notebook client that keeps about ``MAX_OUTPUT_CHARS`` of output per cell, and stops a cell
+    at its limit of CPU seconds (its kernel is killed: a cell may ignore interrupts)."""
 
     def output(self, outs, msg, display_id, cell_index):
         if _size(outs) > MAX_OUTPUT_CHARS and msg["msg_type"] != "error":
@@ -107,8 +107,8 @@ def execute(nb, timeout: int, path: str, notebook_s: int = NOTEBOOK_S,
     and kernel deaths (see module doc)."""
     deadline = time.monotonic() + notebook_s
     # interrupt_on_timeout stays off: a cell that ignores SIGINT would never return. At its limit
-    # the kernel is shut down at once and a new one goes on.
-    client = _LimitedClient(nb, timeout=timeout, kernel_name=kernel_name, allow_errors=True,
+    # of CPU seconds, or at the wall-clock backstop, the kernel is ended and a new one goes on.
+    client = _LimitedClient(nb, timeout, kernel_name=kernel_name, allow_errors=True,
                             shutdown_kernel="immediate", resources={"metadata": {"path": path}})
     setup = notebook.setup_cells(nb)[1:]  # the install cell is not needed again
     pending = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and i not in skip]
@@ -136,16 +136,21 @@ def execute(nb, timeout: int, path: str, notebook_s: int = NOTEBOOK_S,
                             f"not run: the notebook's time limit of {notebook_s} s was reached"))]
                     return nb
                 index = pending.pop(0)
-                client.timeout = int(min(timeout, left))
+                client.timeout = int(min(timeout * work_limit.BACKSTOP, left))
                 try:
                     client.execute_cell(nb.cells[index], index)
                 except CellTimeoutError:
                     nb.cells[index].outputs.append(error_output("CellTimeoutError", (
-                        f"the cell ran past its {client.timeout} s limit and was stopped; "
+                        f"the cell ran past the wall-clock limit of {client.timeout} s and was stopped; "
                         "a new kernel ran the cells after it")))
                     restarted = True
                     break
                 except DeadKernelError:
+                    if client.stopped:  # the work limit killed it
+                        nb.cells[index].outputs.append(error_output("CellTimeoutError", (
+                            f"the cell {client.stopped} and was stopped; a new kernel ran the cells after it")))
+                        restarted = True
+                        break
                     how = " (killed)" if _exit_code(client) == -9 else ""
                     nb.cells[index].outputs.append(error_output("DeadKernelError", (
                         f"the kernel died in this cell{how}; a new one ran the cells after it")))

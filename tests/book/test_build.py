@@ -9,22 +9,36 @@ from course_lib.grading import book, config
 from tests.conftest import CHAPTERS, ROOT
 
 
-def test_every_solution_ran_within_its_budget_and_margin():
+def test_every_solution_ran_within_its_budget_and_margin_in_cpu_seconds():
+    # Budgets are counted in CPU seconds of the kernel's process tree: a busy CI machine runs the
+    # same work in more wall time, and a chapter that grows is caught all the same.
     timings = json.loads((ROOT / "_build" / "timings.json").read_text())
     assert set(timings) == set(CHAPTERS)
-    limit = config.BUDGET_MARGIN * config.NOTEBOOK_BUDGET_S
+    limit = config.BUDGET_MARGIN * config.NOTEBOOK_BUDGET_S * config.BUDGET_CPUS
     for chapter, timing in timings.items():
-        assert timing["seconds"] <= limit, f"{chapter} took {timing['seconds']} s (limit {limit:.0f} s)"
+        assert not timing["failed"], f"{chapter} failed to run"
+        cpu = timing["cpu_seconds"]
+        assert 0 < cpu <= limit, f"{chapter} used {cpu} CPU seconds (limit {limit:.0f})"
 
 
-def test_no_cell_takes_more_than_its_budget_and_margin_nor_a_third_of_the_cell_limit():
-    # On a busy laptop, or while a class is graded two at a time, a cell can take twice or three
-    # times as long as in this quiet build: it must still finish within the per-cell limit.
-    assert config.BUDGET_MARGIN * config.CELL_BUDGET_S <= config.cell_timeout() / 3
+def test_no_cell_uses_more_than_its_budget_and_margin_nor_a_third_of_the_cell_limit():
+    # A cell's limit counts CPU seconds too (course_lib.grading.work_limit): the slowest cell must
+    # stay far from it, however busy the machine.
+    cell_limit = config.BUDGET_MARGIN * config.CELL_BUDGET_S * config.BUDGET_CPUS
+    assert cell_limit <= config.cell_timeout() / 2
     timings = json.loads((ROOT / "_build" / "timings.json").read_text())
-    limit = config.BUDGET_MARGIN * config.CELL_BUDGET_S
-    slow = {c: t for c, t in timings.items() if t["slowest_cell_seconds"] > limit}
-    assert not slow, f"cells over {limit:.0f} s: {slow}"
+    slow = {c: t["most_cpu_cell_seconds"] for c, t in timings.items()
+            if t["most_cpu_cell_seconds"] > cell_limit}
+    assert not slow, f"cells over {cell_limit:.0f} CPU seconds: {slow}"
+
+
+def test_a_chapter_over_its_budget_is_a_warning_not_a_failure():
+    timing = {"seconds": 200.0, "cpu_seconds": 90.0, "slowest_cell": 7, "slowest_cell_seconds": 31.0}
+    lines = book.budget_warnings("04_normalization", timing)
+    assert lines == ["04_normalization took 200 s, over its budget of 60 s on 2 quiet cores (90 CPU seconds)",
+                     "04_normalization: cell 7 took 31 s, over the budget of 20 s a cell"]
+    quick = {**timing, "seconds": 50.0, "slowest_cell_seconds": 5.0}
+    assert book.budget_warnings("04_normalization", quick) == []
 
 
 def test_every_plot_the_chapters_draw_labels_its_axes():
