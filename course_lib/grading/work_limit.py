@@ -2,9 +2,9 @@
 
 On a machine shared with other jobs (a student's laptop in a video call, a JupyterHub, a CI
 runner) a cell's wall time grows with the load; the CPU time its kernel spends does not. So a
-cell may use ``limit`` seconds of work, counted as the CPU seconds of the kernel and everything it
-started: the same work costs about the same CPU time on one core or on several, on a quiet or on a
-four times oversubscribed machine, so the same cell passes or is stopped everywhere. A wall clock
+cell may use ``limit`` CPU seconds of the kernel and everything it started: the same work costs
+about the same CPU time on one core or on several, on a quiet or on a four times oversubscribed
+machine, so the same cell passes or is stopped everywhere. A wall clock
 ``BACKSTOP`` times longer stops a cell that waits without working (a sleep, a deadlock, or a
 machine busier than that).
 
@@ -74,7 +74,6 @@ class CellWatch(threading.Thread):
         self.pid, self.limit_s = pid, limit_s
         self.interrupt, self.grace_s = interrupt, grace_s
         self.cpu_s: dict[int, float] = {}
-        self.exit_code: int | None = None  # of a kernel that died in a cell (negative: a signal)
         self.stopped: str | None = None
         self._index: int | None = None
         self._start_cpu = 0.0
@@ -126,7 +125,7 @@ class CellWatch(threading.Thread):
 class WatchedClient(NotebookClient):
     """An nbclient client whose cells are stopped by work, not by wall time.
 
-    ``work_limit`` seconds of work per cell (:class:`CellWatch`); nbclient's own ``timeout`` becomes
+    ``work_limit`` CPU seconds per cell (:class:`CellWatch`); nbclient's own ``timeout`` becomes
     the wall-clock backstop, ``BACKSTOP`` times longer. With ``interrupt_on_limit`` a cell over its
     limit is interrupted (the kernel and its state live on), else its kernel is killed.
     After a cell, :attr:`stopped` says why it was stopped by the limit (None: it was not);
@@ -139,6 +138,7 @@ class WatchedClient(NotebookClient):
         self.stopped: str | None = None
         self.cpu_s: dict[int, float] = {}
         self.exit_code: int | None = None  # of a kernel that died in a cell (negative: a signal)
+        self._sockets: str | None = None  # the folder of the kernel's Unix sockets
 
     def kernel_pid(self) -> int | None:
         """The process id of the (local) kernel, else None."""
@@ -193,5 +193,5 @@ class WatchedClient(NotebookClient):
         try:
             await super()._async_cleanup_kernel()
         finally:
-            if getattr(self, "_sockets", None):
+            if self._sockets:
                 shutil.rmtree(self._sockets, ignore_errors=True)

@@ -83,3 +83,35 @@ def test_a_message_that_quotes_a_hidden_line_is_withheld():
     assert fail.error == book.WITHHELD and fail.where == f"exercise {ex.name} (its test cell)"
     plain = book.failure(BROKEN, nb, book.NotebookFailed(ex.solution_cell, "ValueError: bad shape"))
     assert plain.line() == f"{BROKEN}: exercise {ex.name} (its solution cell): ValueError: bad shape"
+
+
+RESTAGE = """
+import json
+from pathlib import Path
+from course_lib.grading import book
+timings = json.loads(Path("_build/timings.json").read_text())
+timings, failures = book.stage(Path("_build"), ["01_tokenization"], keep=timings)
+print("RESULT" + json.dumps(sorted(timings)))
+"""
+
+
+def test_one_chapter_is_rebuilt_into_a_staged_book_and_only_into_one(tmp_path):
+    root, _ = _course_copy(tmp_path)
+    env = {**os.environ, "COURSE_ROOT": str(root)}
+    # no earlier build: refused, with what to do
+    proc = subprocess.run([sys.executable, "-m", "course_lib.grading", "book", "--chapter", "01"],
+                          capture_output=True, text=True, cwd=root, env=env)
+    assert proc.returncode != 0 and "run make book (every chapter) once" in proc.stderr
+    # an earlier build of both chapters (the broken one fails, its page says so), then chapter 01 alone
+    (root / "_build").mkdir()
+    staged = root / "_build" / "stage" / "notebooks"
+    (root / "_build" / "timings.json").write_text(json.dumps({BROKEN: {"seconds": 0.0}}))
+    (staged / BROKEN).mkdir(parents=True)
+    kept = staged / BROKEN / "kept.txt"
+    kept.write_text("from the earlier build")
+    proc = subprocess.run([sys.executable, "-c", RESTAGE], capture_output=True, text=True, cwd=root, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.split("RESULT", 1)[1]) == [GOOD, BROKEN]
+    assert kept.read_text() == "from the earlier build"  # the other chapter's page is left as it was
+    assert (staged / GOOD / f"{GOOD}.ipynb").is_file()
+    assert f"[1/1] {GOOD}: " in proc.stdout  # one progress line a chapter when not on a terminal
