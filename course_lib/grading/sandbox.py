@@ -32,7 +32,7 @@ sandbox adds up the memory of all its processes, its tmpfs and the deleted files
 (memfd files too), counts its processes and their CPU time, and kills the kernel's processes
 when one limit is passed; the worker records that cell as failed with the reason, starts a new
 kernel and goes on. Each cell has the course's per-cell limit, in CPU seconds of the kernel's
-process tree with a wall clock ten times longer as a backstop (:mod:`.work_limit`: a busy grading
+process tree with a wall clock five times longer as a backstop (:mod:`.work_limit`: a busy grading
 server stops the same cells as a quiet one), and the notebook one wall-clock limit
 (``Limits.notebook_s``) that does not grow with the number of cells: a cell that ignores
 interrupts is killed at its limit, cells not reached by the notebook's limit are marked so, and

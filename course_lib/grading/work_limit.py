@@ -29,7 +29,9 @@ from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 from nbclient.util import run_sync
 
-BACKSTOP = 10  # the wall clock a cell may take, in units of its work limit
+# The wall clock a cell may take, in units of its limit of CPU seconds: a cell that used all its
+# CPU seconds on one core of a four times oversubscribed machine took about four times as long.
+BACKSTOP = 5
 
 
 def tree_cpu_seconds(pid: int) -> float:

@@ -34,7 +34,7 @@ from tests.conftest import ROOT, skip_or_fail
 
 CHAPTER = hostile_class.CHAPTER
 # 10 CPU seconds a cell (ample for chapter 02, however busy the machine): the student whose cell
-# sleeps and ignores interrupts is stopped by the wall-clock backstop, ten times that.
+# sleeps and ignores interrupts is stopped by the wall-clock backstop, five times that.
 ENV = {"COURSE_CELL_TIMEOUT": "10", "COURSE_SANDBOX_MEMORY": str(2 * 2**30)}
 
 
