@@ -23,7 +23,8 @@ def _notebook(path, *sources):
 
 
 def _burners(per_core: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # each in a session of its own, as other users' jobs are (Linux shares the CPUs by session)
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
             for _ in range(per_core * work_limit.psutil.cpu_count())]
 
 

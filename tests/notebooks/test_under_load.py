@@ -36,7 +36,9 @@ BURNERS_PER_CORE = 3
 def burners(monkeypatch):
     for name in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT"):
         monkeypatch.delenv(name, raising=False)
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # each in a session of its own, like other users' jobs: Linux shares the CPUs between sessions
+    # first (autogroup), and a kernel, which runs in its own, would otherwise get half the machine
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
              for _ in range(BURNERS_PER_CORE * (os.cpu_count() or 1))]
     yield
     for proc in procs:
