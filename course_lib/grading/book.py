@@ -111,8 +111,7 @@ def execute(path: Path, timeout: int | None = None, folder: Path | None = None, 
         try:
             client.execute(env=config.kernel_env(), stderr=kernel_log)
         except CellTimeoutError:
-            raise failed(f"ran past the wall-clock backstop of {client.timeout} s ({work_limit.BACKSTOP} "
-                         f"times its limit of {client.work_limit} CPU seconds)") from None
+            raise failed(client.past_backstop()) from None
         except DeadKernelError:
             if client.stopped:
                 raise failed(client.stopped) from None

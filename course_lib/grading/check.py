@@ -234,8 +234,7 @@ def check(path: Path, timeout: int | None = None, exercise: str | None = None,
             if client.stopped:  # interrupted at its limit of work
                 stopped[index] = f"the cell {client.stopped}"
             elif time.monotonic() - start >= client.timeout:  # interrupted (interrupt_on_timeout)
-                stopped[index] = (f"the cell ran past the wall-clock backstop of {client.timeout} s "
-                                  f"({work_limit.BACKSTOP} times its limit of {client.work_limit} CPU seconds)")
+                stopped[index] = f"the cell {client.past_backstop()}"
             elif _error_of(nb.cells[index]) and index in graded:
                 where[index] = _where(client, index)
     results = []

@@ -179,6 +179,11 @@ class WatchedClient(NotebookClient):
             km.transport, km.ip = "ipc", os.path.join(self._sockets, "ipc")
         return km
 
+    def past_backstop(self) -> str:
+        """What to say of a cell stopped by the wall clock (nbclient's timeout)."""
+        return (f"ran past the wall-clock backstop of {self.timeout} s ({BACKSTOP} times its limit of "
+                f"{self.work_limit} CPU seconds)")
+
     def death(self, log: str = "") -> str:
         """Why the kernel died, in words: its exit status or signal, and the last line of its
         ``log`` (its standard error) if that says anything."""
