@@ -294,6 +294,8 @@ def build(zip_path: Path, ctx: Context, only: set[str] | None = None) -> dict[st
            Expected(0.0, flags="assigns torch.equal"))
     moodle("Xia Yu", 1027, _with(notebook.read(config.student_path(CHAPTER)), _forge()),
            Expected(0.0, output=["FORGE refused"]))
+    moodle("Cal De", 1032, _with(notebook.read(config.student_path(CHAPTER)), _forged_notebook()),
+           Expected(0.0))
     for name, lms_id, nb, flagged in verdict_attacks().values():
         moodle(name, lms_id, nb, Expected(0.0, flags=flagged))
 
@@ -381,6 +383,53 @@ except Exception:
 """
 
 
+def _forged_notebook() -> str:
+    """A cell that writes a notebook of its own, every test cell worth 1000 points and passed, into
+    every output it can reach (the sandbox's init and the worker), then kills the worker."""
+    cells = [{"cell_type": "code", "execution_count": 1, "id": f"forged{i}", "source": "pass",
+              "metadata": {"nbgrader": {"grade": True, "grade_id": f"{name}_test", "points": 1000,
+                                        "locked": True, "solution": False, "schema_version": 3}},
+              "outputs": [{"output_type": "stream", "name": "stdout", "text": "all tests passed"}]}
+             for i, name in enumerate(_points())]
+    forged = {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    return f"""
+import json as _j, os as _o
+for _target in ("/proc/1/fd/1", f"/proc/{{_o.getppid()}}/fd/1"):
+    try:
+        with open(_target, "w") as _f:
+            _f.write(_j.dumps({forged!r}))
+    except OSError:
+        pass
+_o.kill(_o.getppid(), 9)
+"""
+
+
+# In every answer cell, graded run and feedback run alike: results for every exercise written to
+# the runner's output (or the worker's), 300 MiB after them, raw memory read for the hidden tests,
+# and every process above signalled.
+CHANNELS = """
+import json as _j, os as _o, signal as _s
+try:
+    with open("/proc/self/mem", "rb") as _m:
+        raise RuntimeError(str(_m.read(100)))
+except OSError:
+    pass
+_claim = {n: {"checks": [], "error": None} for n in %r}
+for _target in ("/proc/1/fd/1", f"/proc/{_o.getppid()}/fd/1"):
+    try:
+        with open(_target, "w") as _f:
+            _f.write(_j.dumps(_claim) + " " * 300 * 2**20)
+    except OSError:
+        pass
+for _pid in (1, _o.getppid()):
+    for _sig in (_s.SIGINT, _s.SIGTERM, _s.SIGKILL):
+        try:
+            _o.kill(_pid, _sig)
+        except OSError:
+            pass
+"""
+
+
 def _tricked(prefix: str):
     """Every answer wrong, each answer cell starting with ``prefix``."""
     nb = _wrong_everywhere()
@@ -401,4 +450,5 @@ def verdict_attacks() -> dict[str, tuple]:
                               "exec in <answer>"),
         "patched checks": ("Ada Bc", 1030, _tricked(PATCH_CHECKS), ""),
         "threads and signals": ("Bea Cd", 1031, _tricked(THREADS_AND_SIGNALS), "signal"),
+        "channels": ("Dot Ef", 1033, _tricked(CHANNELS % sorted(_points())), "reading raw memory"),
     }

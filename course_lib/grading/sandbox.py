@@ -54,6 +54,7 @@ How the notebook's run survives errors, timeouts and kernel deaths is :mod:`work
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import json
 import os
@@ -63,6 +64,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +93,7 @@ class Limits:
     processes: int = 64             # kernel, worker and anything they start
     disk_bytes: int = 512 * 2**20   # each of the TMPFS
     cpu_s: int = 1800               # CPU time of all processes (a busy kernel uses several cores)
+    output_bytes: int = 256 * 2**20  # what the grader reads back from a sandbox
 
 
 def bwrap_available() -> bool:
@@ -379,7 +382,9 @@ class SandboxedExecute(NbGraderPreprocessor):
         key = {} if chapter is None else verdicts.answer_key(
             chapter, Path(self.answer_keys) if self.answer_keys else None)
         # 1. The notebook for feedback and manual grading: every cell but the tests (their outputs
-        # are the verdicts) and, unless all_cells, the chapter's unchanged demonstrations.
+        # are the verdicts) and, unless all_cells, the chapter's unchanged demonstrations. The
+        # worker gets the test cells empty (it never runs them: no hidden test enters its sandbox),
+        # and only the outputs of the cells it ran come back from it (:func:`_with_outputs`).
         tests = {i for i, c in enumerate(nb.cells)
                  if c.cell_type == "code" and notebook.nbgrader_meta(c).get("grade")}
         skip = tests | (set() if self.all_cells else notebook.unchanged_demonstrations(nb))
@@ -388,24 +393,33 @@ class SandboxedExecute(NbGraderPreprocessor):
                    # unsandboxed, RLIMIT_NPROC would count the instructor's own processes
                    "--processes", str(limits.processes if why is None else 0)]
         command += ["--skip", ",".join(map(str, sorted(skip)))] if skip else []
-        out, failure, _ = _confined(command + ["--sandboxed"] * (why is None), nbformat.writes(nb), limits,
-                                    sandboxed=why is None, cwd=resources.get("metadata", {}).get("path"))
-        executed = nb if failure else _explain_deaths(nbformat.reads(out, as_version=4), _)
+        sent = copy.deepcopy(nb)
+        for i in tests:
+            sent.cells[i].source = ""
+        out, failure, reasons = _confined(command + ["--sandboxed"] * (why is None), nbformat.writes(sent),
+                                          limits, sandboxed=why is None,
+                                          cwd=resources.get("metadata", {}).get("path"))
+        executed, unreadable = _with_outputs(nb, None if failure else out, tests)
+        executed = _explain_deaths(executed, reasons)
         # 2. The graded runs: each exercise's set-up, answer and tests in a fresh process of a new
         # sandbox, recording data; judged here against the answer key. Their own wall clock: what
-        # the notebook's run took for feedback never costs a grade.
+        # the notebook's run took for feedback never costs a grade. The runner is the sandbox's
+        # init, which no answer can signal, read or write through (:mod:`harden`).
         results, run_failure, reasons = {}, "this notebook is none of the course's chapters", []
+        release = None
         if chapter is not None:
-            req = verdicts.request(notebook.read(config.solution_path(chapter)), answers=_answers(nb))
+            release = notebook.read(config.solution_path(chapter))
+            req = verdicts.request(release, answers=_answers(nb))
             out, run_failure, reasons = _confined(
                 [sys.executable, "-I", "-m", "course_lib.grading.verdicts", "run", str(limits.notebook_s)],
-                json.dumps(req),
-                limits, sandboxed=why is None, cwd=None)
+                json.dumps(req), limits, sandboxed=why is None, cwd=None, as_init=True)
             try:
                 results = json.loads(out) if not run_failure else {}
+                results = results if isinstance(results, dict) else {}
             except ValueError:
                 results, run_failure = {}, "the graded runs sent back no readable result"
-        report = _judge_cells(executed, key, results, run_failure, reasons)
+        report = _judge_cells(executed, key, results, run_failure, reasons, release)
+        report["notes"] += [unreadable] if unreadable else []
         _write_report(self.report_dir, resources, report)
         return executed, resources
 
@@ -433,38 +447,137 @@ def _answers(nb) -> dict[str, str]:
     return out
 
 
-def _confined(cmd: list[str], stdin: str, limits: Limits, sandboxed: bool, cwd: str | None
-              ) -> tuple[str, str | None, list[str]]:
+def _confined(cmd: list[str], stdin: str, limits: Limits, sandboxed: bool, cwd: str | None,
+              as_init: bool = False) -> tuple[str, str | None, list[str]]:
     """Run ``cmd`` in a new sandbox (or, unsandboxed, in ``cwd``) under ``limits`` watched from here;
-    returns its standard output, why it failed (or None) and the limits it passed."""
+    returns its standard output (at most ``limits.output_bytes``), why it failed (or None) and the
+    limits it passed. ``as_init``: ``cmd`` is the sandbox's init (pid 1), the process no other in
+    the sandbox can signal; it must reap what it starts."""
     if sandboxed:
-        # kept alive by the watchdog: bubblewrap, its init, the process
-        cmd, keep, tmpfs, cwd = sandbox_command(limits) + cmd, 3, TMPFS, "/"
+        # kept alive by the watchdog: bubblewrap, its init (unless cmd is the init), the process
+        init = ["--as-pid-1"] if as_init else []
+        cmd, keep, tmpfs, cwd = sandbox_command(limits) + init + cmd, 2 if as_init else 3, TMPFS, "/"
     else:
         keep, tmpfs = 1, ()
     wall = limits.notebook_s + 120  # the process stops itself at notebook_s; this is a backstop
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=cwd or tempfile.gettempdir(), start_new_session=True)
+                            cwd=cwd or tempfile.gettempdir(), start_new_session=True)
     watchdog = Watchdog(proc.pid, limits, keep, tmpfs)
     watchdog.start()
     try:
-        out, err = proc.communicate(stdin, timeout=wall)
-    except subprocess.TimeoutExpired:
-        out, err = "", f"grading stopped after {wall} s"
+        out, err, why = _exchange(proc, stdin.encode(), limits.output_bytes, wall)
     finally:
         watchdog.done.set()
         for pid in reversed(_tree(proc.pid)):
             _kill(pid)
         proc.wait()
-    if proc.returncode != 0 and not out.strip():
-        why = failures.failure_cause(err, config.root()) if err.strip() else f"exit status {proc.returncode}"
+    if why is not None:
         return "", f"the grading process failed: {why}", watchdog.reasons
-    return out, None, watchdog.reasons
+    out_text, err_text = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+    if proc.returncode != 0 and not out_text.strip():
+        why = failures.failure_cause(err_text, config.root()) if err_text.strip() else f"exit status {proc.returncode}"
+        return "", f"the grading process failed: {why}", watchdog.reasons
+    return out_text, None, watchdog.reasons
 
 
-def _judge_cells(nb, key: dict, results: dict, failure: str | None, reasons: list[str]) -> dict:
-    """Put each exercise's verdict in its test cell (the only output a test cell has) and return
-    the report: flags from the graded runs and notes on limits reached."""
+def _exchange(proc: subprocess.Popen, data: bytes, cap: int, wall: float) -> tuple[bytes, bytes, str | None]:
+    """Send ``data`` to ``proc`` and read what it writes until it closes its output: at most ``cap``
+    bytes of standard output (more fails) and the last MiB of its errors, for at most ``wall``
+    seconds. Returns (output, errors, why it failed or None)."""
+    out, err, over = bytearray(), bytearray(), threading.Event()
+
+    def feed():
+        with contextlib.suppress(OSError):  # a process that stops reading
+            proc.stdin.write(data)
+            proc.stdin.close()
+
+    def drain(stream, buf: bytearray, keep_tail: bool):
+        while chunk := stream.read1(1 << 16):
+            buf += chunk
+            if keep_tail and len(buf) > 2**20:
+                del buf[:len(buf) - 2**20]
+            elif not keep_tail and len(buf) > cap:
+                over.set()
+                return
+
+    reader = threading.Thread(target=drain, args=(proc.stdout, out, False), daemon=True)
+    threads = [threading.Thread(target=feed, daemon=True), reader,
+               threading.Thread(target=drain, args=(proc.stderr, err, True), daemon=True)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + wall
+    while reader.is_alive() and time.monotonic() < deadline:
+        reader.join(0.2)
+    if over.is_set():
+        return b"", bytes(err), f"it sent back more than {cap / 2**20:g} MiB"
+    if reader.is_alive():
+        return b"", bytes(err), f"grading stopped after {wall} s"
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(max(1.0, deadline - time.monotonic()))
+    return bytes(out), bytes(err), None
+
+
+OUTPUT_TYPES = {"stream", "display_data", "execute_result", "error"}
+
+
+def _with_outputs(nb, returned: str | None, tests: set[int]):
+    """``nb``, the submission as nbgrader graded it, with the outputs of its code cells taken from
+    the notebook the worker ``returned`` (None: none came back), and a note if it was unreadable.
+
+    Everything else (the cells, their sources, metadata and points) is ``nb``'s, and the outputs
+    are rebuilt field by field from plain strings: whatever in the sandbox wrote the notebook
+    (the worker, or a kernel that reached its output) decides at most the outputs of the
+    student's own code. The test cells get theirs from the verdicts (:func:`_judge_cells`)."""
+    executed = copy.deepcopy(nb)
+    ran, note = [], None
+    if returned is not None:
+        try:
+            ran = json.loads(returned)["cells"]
+        except (ValueError, TypeError, KeyError):
+            note = "the run of the cells for feedback sent back no readable notebook"
+    ran = ran if isinstance(ran, list) else []
+    for i, cell in enumerate(executed.cells):
+        if cell.cell_type != "code" or i in tests:
+            continue
+        mine = ran[i] if i < len(ran) and isinstance(ran[i], dict) else {}
+        outputs = mine.get("outputs") if isinstance(mine.get("outputs"), list) else []
+        cell.outputs = [o for o in map(_clean_output, outputs) if o is not None]
+        count = mine.get("execution_count")
+        cell.execution_count = count if isinstance(count, int) and not isinstance(count, bool) else None
+    return executed, note
+
+
+def _text(value) -> str:
+    """A notebook string field (a string or a list of lines) as one string; anything else empty."""
+    if isinstance(value, list):
+        return "".join(v for v in value if isinstance(v, str))
+    return value if isinstance(value, str) else ""
+
+
+def _clean_output(out):
+    """A worker's output rebuilt from its known fields, or None for anything that is not one."""
+    if not isinstance(out, dict) or out.get("output_type") not in OUTPUT_TYPES:
+        return None
+    kind = out["output_type"]
+    if kind == "stream":
+        name = out.get("name") if out.get("name") in ("stdout", "stderr") else "stdout"
+        return nbformat.v4.new_output("stream", name=name, text=_text(out.get("text")))
+    if kind == "error":
+        trace = out.get("traceback") if isinstance(out.get("traceback"), list) else []
+        return nbformat.v4.new_output("error", ename=_text(out.get("ename")), evalue=_text(out.get("evalue")),
+                                      traceback=[_text(line) for line in trace])
+    data = out.get("data") if isinstance(out.get("data"), dict) else {}
+    data = {mime: _text(value) for mime, value in data.items() if isinstance(mime, str) and "/" in mime}
+    if kind == "execute_result":
+        count = out.get("execution_count")
+        return nbformat.v4.new_output(kind, data=data, execution_count=count if isinstance(count, int) else None)
+    return nbformat.v4.new_output(kind, data=data)
+
+
+def _judge_cells(nb, key: dict, results: dict, failure: str | None, reasons: list[str], release=None) -> dict:
+    """Put each exercise's verdict in its test cell (the only output a test cell has), with the
+    points of the ``release`` (the instructor's notebook), and return the report: flags from the
+    graded runs and notes on limits reached."""
     flags, notes = [], []
     for cell in nb.cells:  # a graded cell that no exercise of the key pairs with earns nothing
         if cell.cell_type == "code" and notebook.nbgrader_meta(cell).get("grade"):
@@ -472,19 +585,25 @@ def _judge_cells(nb, key: dict, results: dict, failure: str | None, reasons: lis
             cell.outputs = [error_output("GradingError", f"no answer key for this cell: {why}")]
     cells = {notebook.nbgrader_meta(c).get("grade_id"): c for c in nb.cells
              if c.cell_type == "code" and notebook.nbgrader_meta(c).get("grade")}
+    released = {} if release is None else {ex.name: ex for ex in notebook.exercises(release)}
     for name in key:
         cell = cells.get(name + config.TEST_SUFFIX)
         if cell is None:
             continue
+        if name in released:
+            notebook.nbgrader_meta(cell)["points"] = released[name].points
         result = results.get(name)
-        if result is None:
+        if not isinstance(result, dict):
             result = {"checks": [], "error": failure or "no result came back from the graded run"}
         elif reasons and "killed" in str(result.get("error")):
-            result["error"] += f"; the last limit the submission passed: {reasons[-1]}"
+            result["error"] = f"{result['error']}; the last limit the submission passed: {reasons[-1]}"
         problem = verdicts.judge(key[name], result)
+        if problem is not None and name in released:
+            problem = _scrubbed(problem, release.cells[released[name].test_cell].source)
         cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"{name}: all tests passed\n")
                         ] if problem is None else [error_output("AssertionError", problem)]
-        flags += [f"{name}: {event}" for event in (result.get("events") or [])[:10] if isinstance(event, str)]
+        events = result.get("events") if isinstance(result.get("events"), list) else []
+        flags += [f"{name}: {event}" for event in events[:10] if isinstance(event, str)]
         if "time limit" in str(result.get("error")) or "ran past" in str(result.get("error")):
             notes.append(f"{name}: {str(result.get('error'))[:200]}")
     if any(o.get("ename") == "NotebookTimeLimit" for c in nb.cells if c.cell_type == "code"
@@ -493,12 +612,30 @@ def _judge_cells(nb, key: dict, results: dict, failure: str | None, reasons: lis
     return {"flags": flags, "notes": notes}
 
 
+MAX_PROBLEM_CHARS = 2000
+
+
+def _scrubbed(problem: str, tests: str) -> str:
+    """A verdict's words as the student may see them: no line of the test cell's code (hidden tests
+    included) however the graded run sent it back, and at most ``MAX_PROBLEM_CHARS``. A check's
+    own description, which the key wrote, is kept."""
+    for line in sorted({line.strip() for line in tests.splitlines()}, key=len, reverse=True):
+        if len(line) >= 12 and line in problem:
+            problem = problem.replace(line, "[test code]")
+    if len(problem) > MAX_PROBLEM_CHARS:
+        problem = problem[:MAX_PROBLEM_CHARS] + f" ... [{len(problem) - MAX_PROBLEM_CHARS} more characters]"
+    return problem
+
+
 def _write_report(folder: str, resources, report: dict) -> None:
     student = (resources.get("nbgrader") or {}).get("student")
     if folder and student:
         path = Path(folder) / f"{student}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, ensure_ascii=False), encoding="utf-8")
+        tmp = path.with_suffix(".tmp")
+        # ASCII with escapes: a student's lone surrogate cannot make the file unreadable
+        tmp.write_text(json.dumps(report, ensure_ascii=True), encoding="utf-8")
+        tmp.replace(path)
 
 
 def _explain_deaths(nb, reasons: list[str]):

@@ -10,7 +10,9 @@ An exercise's test cell runs twice, in two processes that never meet:
    top-level names are local to one function), and each check of :mod:`checks` only *records*
    what the answer gave: values, as plain data (:mod:`wire`), and the observations a check makes
    while the answer runs (inputs changed in place, the error raised, gradients). The record goes
-   back through the runner's pipe. Nothing the run prints or publishes is read.
+   back through the runner's pipe. Nothing the run prints or publishes is read. The runner is
+   the sandbox's init and non-dumpable (:mod:`harden`): no answer writes its output, reads its
+   memory or stops it, and it takes each exercise's record only from that exercise's pipe.
 2. **The answer key**, made once per chapter outside the sandbox from the instructor's solution
    notebook: the same test code on the solution, with each reference computed, records each
    check's ``expected`` value and parameters (tolerance, dtype...). The solution must pass its own
@@ -24,7 +26,7 @@ must then equal the instructor's within the tolerance: the claim of a correct an
 
 While the answer and the tests run, an audit hook refuses the interpreter's introspection to code
 that is not the course's or a library's (frames, ``gc``'s object graph, code and function objects
-made at run time, ``ctypes``' symbols and raw memory, trace and audit hooks, threads, signal
+made at run time, ``ctypes``' symbols, raw memory (``/proc/PID/mem``, from any caller), trace and audit hooks, threads, signal
 handlers, new processes, modules imported again after removal) and reports each use, and every
 ``exec``, ``eval`` or ``compile`` of a string, to the runner as it happens, so that a first use is
 on record before it could try to silence the hook. The reports become flags for a person.
@@ -50,7 +52,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import config, notebook, work_limit
+from . import config, harden, notebook, work_limit
 
 MAX_RECORD_BYTES = 64 * 2**20  # one exercise's record, as sent
 SETUP_S = 15  # beyond the cell limit, for a graded run's set-up cells and answer
@@ -158,7 +160,8 @@ def key_side(tests: str) -> str:
 
 def answer_side(tests: str) -> str:
     """The test code as the graded run executes it: ``assert`` statements as checks, each check's
-    reference argument removed (so no expected value exists in the sandbox) and the top-level code
+    reference argument removed (so no expected value exists in the sandbox), the helpers only the
+    references used removed with them, and the top-level code
     made local to one function (so that nothing the tests compute is a global an answer could read).
 
     >>> print(answer_side("x = f(1)\\nchecks.assert_close(x, ref(1), 'f(1)')"))
@@ -192,11 +195,26 @@ def _transform(tests: str, recording: bool) -> str:
                     owner[slot] = new
                 else:
                     owner.value = new
+    body = _without_unused_definitions(tree.body) if recording else tree.body
     wrapped = ast.Module(body=[
-        ast.FunctionDef(name=TEST_FUNCTION, args=_no_arguments(), body=tree.body or [ast.Pass()],
+        ast.FunctionDef(name=TEST_FUNCTION, args=_no_arguments(), body=body or [ast.Pass()],
                         decorator_list=[], returns=None, type_comment=None),
         ast.Expr(ast.Call(func=ast.Name(TEST_FUNCTION, ast.Load()), args=[], keywords=[]))], type_ignores=[])
     return ast.unparse(ast.fix_missing_locations(wrapped))
+
+
+def _without_unused_definitions(body: list[ast.stmt]) -> list[ast.stmt]:
+    """``body`` without the functions and classes that nothing in it uses: once the references are
+    removed, the test cell's reference helpers (``_causal_ref``...), so that no reference side of
+    a check is in the graded run at all. A definition that only uses itself is kept (rare, safe)."""
+    while True:
+        used = {node.id for stmt in body for node in ast.walk(stmt)
+                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+        kept = [stmt for stmt in body if not (
+            isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and stmt.name not in used)]
+        if len(kept) == len(body):
+            return kept
+        body = kept
 
 
 def answer_names(solution_source: str) -> list[str]:
@@ -313,6 +331,7 @@ def _fork(req: dict, group: list[dict], timeout: float) -> dict:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
+    _end_orphans()
     names = [ex["name"] for ex in group]
     events: dict[str, list[str]] = {name: [] for name in names}
     results = {}
@@ -342,6 +361,19 @@ def _fork(req: dict, group: list[dict], timeout: float) -> dict:
         result["events"] = events[name]
         results[name] = result
     return results
+
+
+def _end_orphans() -> None:
+    """As the sandbox's init, end and reap every process an answer's process left behind (they are
+    the init's children now), so that the next exercise starts alone. kill(-1) from a namespace's
+    init reaches every process of the namespace but the init."""
+    if os.getpid() != 1:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(-1, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        while True:
+            os.waitpid(-1, 0)
 
 
 def _send(fd: int, message: dict) -> None:
@@ -436,6 +468,21 @@ MECHANISMS = {"inspect", "traceback", "threading", "_thread", "code", "codeop", 
               "subprocess", "pty", "shutil"}
 
 
+MEMORY_FILES = ("mem", "pagemap")
+
+
+def _raw_memory(path) -> bool:
+    """Whether opening ``path`` would read a process's memory: ``/proc/PID/mem`` however it is
+    spelled (``/proc/self``, a link, a relative name from a folder of ``/proc``)."""
+    if not isinstance(path, (str, bytes)):
+        return False
+    name = os.fsdecode(path)
+    if os.path.basename(name) in MEMORY_FILES and not os.path.isabs(name):
+        return True  # relative to a folder descriptor that may be /proc/PID
+    real = os.path.realpath(name)
+    return real.startswith("/proc/") and os.path.basename(real) in MEMORY_FILES
+
+
 def _library_dirs() -> tuple[str, ...]:
     dirs = {os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     dirs.add(os.path.realpath(Path(__file__).resolve().parents[1]) + os.sep)  # course_lib
@@ -507,6 +554,8 @@ def _install_hook(fd: int, trusted: tuple[str, ...], current: list[str]) -> None
                 refuse(event if event != "object.__getattr__" else f"reading {args[1]}", culprit(1))
             elif event == "import" and args[0] in loaded and args[0] not in sys.modules:
                 refuse(f"importing {args[0]} again", culprit(1))
+            elif event == "open" and _raw_memory(args[0]):  # whoever opens it: the answer is running
+                refuse(f"reading raw memory ({os.fsdecode(args[0])[-40:]})", culprit(1) or "a library")
             elif event == "open" and isinstance(args[0], (str, bytes)) and _is_code_file(args[0], library):
                 refuse(f"loading code from {os.fsdecode(args[0])[-80:]}", culprit(1))
             elif event == "import":
@@ -631,6 +680,8 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] != ["run"]:
         print("usage: python -m course_lib.grading.verdicts run < request.json", file=sys.stderr)
         return 2
+    harden.undumpable()  # its output and memory out of every answer's reach, and no signal stops it
+    harden.deaf()
     req = json.loads(sys.stdin.read())
     deadline = float(args[1]) if len(args) > 1 else None
     out = run(req, deadline)

@@ -24,7 +24,7 @@ import time
 import nbformat
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-from . import config, notebook, work_limit
+from . import config, harden, notebook, work_limit
 
 NOTEBOOK_S = 600  # the whole notebook's wall clock, however many cells (sandbox.Limits)
 MAX_OUTPUT_CHARS = 100_000
@@ -182,10 +182,7 @@ def _confine_self(memory: int, processes: int) -> None:
             resource.setrlimit(getattr(resource, limit), (value, value))
         except (AttributeError, ValueError, OSError):
             pass
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    harden.undumpable()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -287,3 +287,37 @@ def test_when_no_kernel_starts_every_cell_says_so_and_the_worker_still_answers(t
     assert [_texts(c)[1] for c in out.cells] == [["KernelStartError"]] * 3
     explained = sandbox._explain_deaths(out, ["it started more than 64 processes"])
     assert "more than 64 processes" in explained.cells[0].outputs[0].evalue
+
+
+def test_only_outputs_come_back_from_the_worker_and_never_points_or_cells():
+    """A notebook written by anything in the sandbox (a kernel that reached the worker's output)
+    decides at most the outputs of the student's own cells."""
+    submitted = _notebook("print(1)", "x = 2")
+    test = nbformat.v4.new_code_cell("assert f(1) == 1")
+    test.metadata["nbgrader"] = {"grade": True, "grade_id": "ex_test", "points": 2, "solution": False}
+    submitted.cells.append(test)
+    forged = json.loads(nbformat.writes(submitted))
+    for cell in forged["cells"]:
+        cell["source"] = "forged"
+        cell.setdefault("metadata", {})["nbgrader"] = {"grade": True, "grade_id": "ex_test", "points": 1000}
+        cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["all tests ", "passed"]},
+                           {"output_type": "display_data", "data": {"text/html": "<b>hi</b>", 3: "x"},
+                            "metadata": {"evil": True}},
+                           {"output_type": "error", "ename": "E", "evalue": 5, "traceback": ["t", None]},
+                           {"output_type": "unknown"}, "not an output"]
+        cell["execution_count"] = "7"
+    forged["cells"].append(dict(forged["cells"][-1]))  # an invented cell
+    tests = {len(submitted.cells) - 1}
+    executed, note = sandbox._with_outputs(submitted, json.dumps(forged), tests)
+    assert note is None and len(executed.cells) == len(submitted.cells)
+    for mine, theirs in zip(executed.cells, submitted.cells, strict=True):
+        assert (mine.source, mine.metadata) == (theirs.source, theirs.metadata)
+    assert executed.cells[-1].outputs == []  # a test cell's output is the verdict's, set later
+    assert executed.cells[1].outputs == [
+        nbformat.v4.new_output("stream", name="stdout", text="all tests passed"),
+        nbformat.v4.new_output("display_data", data={"text/html": "<b>hi</b>"}),
+        nbformat.v4.new_output("error", ename="E", evalue="", traceback=["t", ""])]
+    assert executed.cells[1].execution_count is None
+    nbformat.validate(executed)
+    executed, note = sandbox._with_outputs(submitted, "{not json", tests)
+    assert "no readable notebook" in note and all(c.get("outputs", []) == [] for c in executed.cells)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -94,6 +95,14 @@ def test_the_graded_run_never_computes_a_reference_and_the_key_always_does():
     assert answer.startswith(f"def {verdicts.TEST_FUNCTION}():")  # the tests' names are locals
     key = verdicts.key_side(tests)
     assert "_reference(lambda: ref(x))" in key and "_reference(lambda: ref)" in key
+
+
+def test_the_graded_run_holds_no_helper_that_only_the_references_used():
+    tests = ("def _ref(x):\n    return _base(x) + 1\ndef _base(x):\n    return x\n"
+             "def _check(x):\n    checks.assert_close(f(x), _ref(x), 'f(x)')\n_check(1)")
+    answer = verdicts.answer_side(tests)
+    assert "_ref" not in answer and "_base" not in answer and "def _check(x)" in answer
+    assert "def _ref(x)" in verdicts.key_side(tests)
 
 
 def test_test_cells_that_reach_out_of_their_function_are_refused():
@@ -186,6 +195,9 @@ ATTACKS = {
     "a code swap": "def f(x):\n    return x.abs()\ndef g(x):\n    return x\nf.__code__ = g.__code__\n",
     "code under a library's name": "def f(x):\n    return x.abs()\n"
                                    "f = type(f)(f.__code__.replace(co_filename='/usr/lib/x.py'), globals())\n",
+    "raw memory": "def f(x):\n    open('/proc/self/mem', 'rb')\n    return x.abs()\n",
+    "raw memory from a folder": "import os\ndef f(x):\n    d = os.open('/proc/self', os.O_RDONLY)\n"
+                                "    os.open('mem', os.O_RDONLY, dir_fd=d)\n    return x.abs()\n",
     "a process": "import subprocess\nsubprocess.run(['true'])\ndef f(x):\n    return x.abs()\n",
 }
 
@@ -199,6 +211,8 @@ OTHERS = {
     "honest": ("import collections, dataclasses, functools\nP = collections.namedtuple('P', 'a b')\n"
                "@dataclasses.dataclass\nclass C:\n    a: int = 1\n"
                "@torch.no_grad()\n@functools.lru_cache\ndef g(n):\n    return n\n" + HONEST),
+    "raw memory through a library": "import pathlib\ndef f(x):\n    pathlib.Path('/proc/self/mem').read_bytes()\n"
+                                    "    return x.abs()\n",
     "printed record": f"print({json.dumps({'name': 'printed record', 'result': {'checks': [], 'error': None}})!r})\n"
                       "import sys\nsys.stdout.flush()\ndef f(x):\n    return x\n",
 }
@@ -233,3 +247,61 @@ def test_an_answer_that_copies_the_expected_value_has_none_to_copy(attacked):
 
 def test_what_the_answer_prints_is_never_read(attacked):
     assert attacked["printed record"][0] is not None
+
+
+def test_raw_memory_is_refused_whoever_opens_it(attacked):
+    problem, events = attacked["raw memory through a library"]
+    assert "reading raw memory" in problem and "not allowed" in problem, problem
+    assert events and "reading raw memory" in events[0], events
+
+
+CHANNEL_ATTACK = """
+import json, os, signal
+def f(x):
+    forged = json.dumps({"one": {"checks": [], "error": None}, "two": {"checks": [], "error": None}})
+    for target in ("/proc/1/fd/1", f"/proc/{os.getppid()}/fd/1", "/proc/1/fd/0", "/proc/1/environ"):
+        try:
+            with open(target, "w") as out:
+                out.write(forged + "x" * 2**20)
+        except OSError:
+            pass
+    for pid in (1, os.getppid()):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGSTOP, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+    return x
+"""
+
+
+def test_no_answer_reaches_the_sandboxed_runner_its_output_or_its_memory():
+    """The runner is the sandbox's init and non-dumpable: an answer that writes forged results into
+    its output, reads its memory or signals it changes nothing; the next exercise is still run."""
+    from course_lib.grading import sandbox
+    from tests.conftest import skip_or_fail
+
+    if sandbox.unavailable():
+        skip_or_fail(f"no sandbox: {sandbox.unavailable()}")
+    key = _key_and_record(HONEST, TESTS)[0]
+    req = {"recording": True, "timeout": 30, "setup": SETUP,
+           "exercises": [{"name": name, "names": ["f"], "answer": answer, "tests": verdicts.answer_side(TESTS)}
+                         for name, answer in (("one", CHANNEL_ATTACK), ("two", HONEST))]}
+    out, failure, _ = sandbox._confined([sys.executable, "-I", "-m", "course_lib.grading.verdicts", "run", "120"],
+                                        json.dumps(req), sandbox.Limits(), sandboxed=True, cwd=None, as_init=True)
+    assert failure is None, failure
+    results = json.loads(out)  # one document: the runner's own
+    assert set(results) == {"one", "two"}
+    assert verdicts.judge(key, results["one"]) is not None and verdicts.judge(key, results["two"]) is None
+
+
+def test_what_comes_out_of_a_sandbox_is_read_up_to_a_cap():
+    from course_lib.grading import sandbox
+
+    limits = sandbox.Limits(output_bytes=2**20)
+    out, failure, _ = sandbox._confined([sys.executable, "-c", "import sys; sys.stdout.write('x' * 2**24)"],
+                                        "", limits, sandboxed=False, cwd=None)
+    assert out == "" and "more than 1 MiB" in failure
+    out, failure, _ = sandbox._confined([sys.executable, "-c", "import sys; print(sys.stdin.read()[::-1])"],
+                                        "abc", limits, sandboxed=False, cwd=None)
+    assert (out, failure) == ("cba\n", None)
