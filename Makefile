@@ -15,7 +15,7 @@ STAMP  := $(VENV)/.installed
 # Jupyter refuses to run as root (a container, a cloud machine) unless told that it is meant.
 AS_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 
-.PHONY: help install book test test-fast release collect grade merge export formgrader mutants check nbval lab bench checkpoint sweep moe-runs lint constraints clean
+.PHONY: help install book test test-fast release collect grade similar merge export formgrader mutants check nbval lab bench checkpoint sweep moe-runs lint constraints clean
 
 help:
 	@echo "make book      build the HTML book into _build/html (executes every solution once;"
@@ -23,12 +23,14 @@ help:
 	@echo "make test      build the book, then run every test"
 	@echo "make release   regenerate student notebooks from solutions (CHAPTER=01_tokenization or all)"
 	@echo "make collect   file an LMS export: make collect CHAPTER=01_tokenization FROM=export.zip"
-	@echo "make grade     autograde submissions of CHAPTER in grading/submitted, write grades.csv"
+	@echo "make grade     autograde submissions of CHAPTER in grading/submitted, write grading/grades/CHAPTER.csv"
 	@echo "               (the chapter's unchanged demonstrations are skipped; ALL_CELLS=1 runs them)"
 	@echo "make grade     ... SHARD=K/N grades the K-th of N shares of the class (one per machine)"
-	@echo "make merge     joins the N shares: grades.csv, feedback, summary, as one run writes them"
+	@echo "make similar   answers of CHAPTER compared with each other and the solution:"
+	@echo "               grading/similarity/CHAPTER.html (pairs to look at, side by side)"
+	@echo "make merge     joins the N shares: grades, feedback, summary, as one run writes them"
 	@echo "make formgrader  JupyterLab in the course folder, for grading written answers by hand"
-	@echo "make export    grades.csv and feedback again, after manual grading"
+	@echo "make export    grades and feedback again, after manual grading"
 	@echo "make mutants   the graders' self-test: wrong answers fail, correct ones pass, on every setting"
 	@echo "make check     self-check a notebook: make check NB=notebooks/01_tokenization/01_tokenization.ipynb"
 	@echo "               (EX=pair_counts for one exercise in seconds; NB=all for every chapter;"
@@ -72,11 +74,15 @@ collect: $(STAMP)
 grade: $(STAMP)
 	$(PY) -m course_lib.grading grade $(CHAPTER) --grading-dir $(GRADING) $(if $(UNSANDBOXED),--unsandboxed) $(if $(ALL_CELLS),--all-cells) $(if $(SHARD),--shard $(SHARD))
 
+# Answers compared with each other, the solution and course_lib: grading/similarity/CHAPTER.html.
+similar: $(STAMP)
+	$(PY) -m course_lib.grading similar $(CHAPTER) --grading-dir $(GRADING)
+
 # After every share of a class was graded (make grade SHARD=K/N on N machines): one gradebook.
 merge: $(STAMP)
 	$(PY) -m course_lib.grading merge $(CHAPTER) --grading-dir $(GRADING)
 
-# After grading written answers in the formgrader: grades.csv and feedback again.
+# After grading written answers in the formgrader: grades and feedback again.
 export: $(STAMP)
 	$(PY) -m course_lib.grading export $(CHAPTER) --grading-dir $(GRADING)
 

@@ -296,6 +296,9 @@ def build(zip_path: Path, ctx: Context, only: set[str] | None = None) -> dict[st
            Expected(0.0, output=["FORGE refused"]))
     moodle("Cal De", 1032, _with(notebook.read(config.student_path(CHAPTER)), _forged_notebook()),
            Expected(0.0))
+    moodle("Eve Gh", 1034, _borrowing(), Expected(points["ex_causal_mask"] + points["ex_sliding_window_mask"],
+                                                   flags="this exercise's reference"))
+    moodle("Fay Hi", 1035, _honest_tools(), Expected(FULL))
     for name, lms_id, nb, flagged in verdict_attacks().values():
         moodle(name, lms_id, nb, Expected(0.0, flags=flagged))
 
@@ -381,6 +384,35 @@ try:
 except Exception:
     pass
 """
+
+
+def _borrowing():
+    """Every answer wrong but two, which run course_lib's own reference: one by a name built at run
+    time, one only where it sees no IPython (the graded run; the feedback run shows a stub)."""
+    nb = _wrong_everywhere()
+    _cell(nb, "ex_causal_mask").source = (
+        "import importlib\ndef causal_mask(S, Sk=None):\n"
+        "    module = importlib.import_module('course_lib.' + 'attention')\n"
+        "    return getattr(module, 'causal' + '_mask')(S, Sk)\n")
+    _cell(nb, "ex_sliding_window_mask").source = (
+        "import sys\ndef sliding_window_mask(S, window, Sk=None):\n"
+        "    if 'ipykernel' not in sys.modules:\n        from course_lib import attention as _a\n"
+        "        return getattr(_a, 'sliding_window' + '_mask')(S, window, Sk)\n"
+        "    raise NotImplementedError()\n")
+    return nb
+
+
+def _honest_tools():
+    """Correct answers that use ordinary tools: a traceback printed, %timeit, a thread pool."""
+    nb = answered(CHAPTER)
+    cell = _cell(nb, "ex_causal_mask")
+    cell.source = ("import traceback\ntry:\n    1 / 0\nexcept ZeroDivisionError:\n    traceback.print_exc()\n"
+                   + cell.source + "\n%timeit -n 1 -r 1 causal_mask(4)\n")
+    cell = _cell(nb, "ex_repeat_kv")
+    cell.source += ("\nimport concurrent.futures\nwith concurrent.futures.ThreadPoolExecutor(2) as _pool:\n"
+                    "    _shapes = list(_pool.map(lambda n: repeat_kv(torch.zeros(1, 2, 3, 4), n).shape,\n"
+                    "                             [1, 2]))\n")
+    return nb
 
 
 def _forged_notebook() -> str:

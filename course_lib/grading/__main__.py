@@ -7,10 +7,11 @@
     python -m course_lib.grading collect CHAPTER ZIP_OR_FOLDER [--pattern REGEX]
                                                          file an LMS export for grading
     python -m course_lib.grading grade CHAPTER [--jobs N] [--unsandboxed] [--all-cells]
-                                                         autograde, feedback, grades.csv
+                                                         autograde, feedback, grades/CHAPTER.csv
     python -m course_lib.grading grade CHAPTER --shard K/N   the K-th of N shares (one per machine)
-    python -m course_lib.grading merge CHAPTER           join the shares: grades.csv, feedback
-    python -m course_lib.grading export CHAPTER          grades.csv and feedback after manual grading
+    python -m course_lib.grading merge CHAPTER           join the shares: grades, feedback
+    python -m course_lib.grading export CHAPTER          grades and feedback after manual grading
+    python -m course_lib.grading similar CHAPTER         answers compared: grading/similarity/CHAPTER.html
     python -m course_lib.grading.mutants CHAPTER         mutation-test the chapter's graders
     python -m course_lib.grading.check NOTEBOOK          a student's self-check
 """
@@ -21,7 +22,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import book, collect, config, glue, grade, release
+from . import book, collect, config, glue, grade, release, similarity
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,11 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard", metavar="K/N", type=grade.parse_shard, default=None,
                    help="grade only the K-th of N shares of the class (another machine grades each other "
                    "share); then run merge")
-    p = sub.add_parser("merge", help="join the shares graded with grade --shard into grades.csv and feedback")
+    p = sub.add_parser("merge", help="join the shares graded with grade --shard into grades and feedback")
     p.add_argument("chapter")
     p.add_argument("--grading-dir", type=Path, default=None)
     p.add_argument("--shards", type=int, default=None, help="N (default: the one N found)")
-    p = sub.add_parser("export", help="rewrite grades.csv and feedback after manual grading")
+    p = sub.add_parser("export", help="rewrite grades and feedback after manual grading")
+    p.add_argument("chapter")
+    p.add_argument("--grading-dir", type=Path, default=None)
+    p = sub.add_parser("similar", help="compare the answers with each other and the solution (HTML)")
     p.add_argument("chapter")
     p.add_argument("--grading-dir", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -96,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "export":
         for chapter in config.resolve_chapters(args.chapter):
             print(f"Grades written to {grade.export(chapter, args.grading_dir)}")
+    elif args.command == "similar":
+        for chapter in config.resolve_chapters(args.chapter):
+            print(f"Similarity report written to {similarity.write_report(chapter, args.grading_dir)}")
     return 0
 
 

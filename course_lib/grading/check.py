@@ -14,9 +14,11 @@ only the set-up cells and that exercise's two cells run, in seconds. Each
 exercise gets PASS, FAIL (the error, the line that failed and, for a bare ``assert``, the values
 it compared) or TODO (still ``raise NotImplementedError()``); each written question ANSWERED or
 TODO (your instructor grades those by hand). Only the visible tests run here; the grader adds
-hidden ones. A PASS comes with a warning when the answer uses a name that only another of your
-cells defines: the grader runs each answer with the set-up cells alone. The exit status is 0 only
-if every exercise passes and every written question is answered.
+hidden ones. Each PASS is then checked as the grader runs the answer: the set-up cells, the
+answer's cell alone and its tests, in a fresh process where the grader's refusals hold
+(:mod:`.guard`); an answer that uses a name only another of your cells defines, or a tool the
+grader refuses, FAILs here with the grader's words. The exit status is 0 only if every exercise
+passes and every written question is answered.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import ast
 import builtins
 import json
 import logging
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +39,7 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-from . import config, notebook, work_limit
+from . import config, guard, notebook, verdicts, work_limit
 
 ANSWER_PLACEHOLDER = "YOUR ANSWER HERE"  # what nbgrader leaves in an unanswered written question
 _MARK = "__course_selfcheck__"
@@ -252,13 +255,42 @@ def check(path: Path, timeout: int | None = None, exercise: str | None = None,
             results.append(Result(ex.name, "FAIL", _failure(sol_err, where.get(ex.solution_cell, {}), cells)))
         elif test_err:
             results.append(Result(ex.name, "FAIL", _failure(test_err, where.get(ex.test_cell, {}), cells)))
-        elif borrowed := borrowed_names(nb, ex):
-            names = ", ".join(f"`{n}`" for n in borrowed)
-            results.append(Result(ex.name, "PASS", f"but it uses {names} from another cell, and the grader runs "
-                                  "each answer with the set-up cells only: define them in the answer's cell"))
         else:
             results.append(Result(ex.name, "PASS"))
-    return results
+    return _as_graded(path, nb, results)
+
+
+def _as_graded(path: Path, nb, results: list[Result]) -> list[Result]:
+    """``results`` with each PASS checked as the grader runs the answer: the set-up cells, the
+    answer's cell alone and its tests, in a fresh process under the graded run's guard
+    (:mod:`.guard`). What fails there (a name from another cell, a refused tool) is a FAIL with the
+    grader's words; a call of course_lib's own reference is a PASS that says it is flagged."""
+    passed = {r.exercise for r in results if r.status == "PASS"}
+    req = verdicts.request(nb, recording=False)
+    req["exercises"] = [ex for ex in req["exercises"] if ex["name"] in passed]
+    if not req["exercises"]:
+        return results
+    req["guard"] = True
+    try:
+        runs = verdicts.run_elsewhere(req, 60 + 2 * req["timeout"] * len(req["exercises"]), cwd=str(path.parent))
+    except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
+        note = f"(not checked as the grader runs it: {str(e).strip().splitlines()[-1][:200] if str(e).strip() else e})"
+        return [Result(r.exercise, r.status, f"{r.detail} {note}".strip()) if r.status == "PASS" else r
+                for r in results]
+    exercises = {ex.name: ex for ex in notebook.exercises(nb)}
+    out = []
+    for r in results:
+        run = runs.get(r.exercise) if r.status == "PASS" else None
+        if run and run.get("error"):
+            why = f"the grader runs this answer with the set-up cells only, and there: {run['error']}"
+            if borrowed := borrowed_names(nb, exercises[r.exercise]):
+                names = ", ".join(f"`{n}`" for n in borrowed)
+                why += f"\nit uses {names} from another cell: define them in the answer's cell"
+            r = Result(r.exercise, "FAIL", why)
+        elif run and (taken := [e for e in run.get("events", []) if e.endswith(guard.BORROWED)]):
+            r = Result(r.exercise, "PASS", f"but your instructor sees that it {taken[0].split(',')[0]}")
+        out.append(r)
+    return out
 
 
 def written(path: Path) -> list[Result]:

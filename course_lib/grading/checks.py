@@ -47,6 +47,7 @@ import contextlib
 import copy
 import inspect
 import math
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
@@ -357,12 +358,33 @@ def forbidding(functions: Sequence[Callable], what: str):
     previous = sys.getprofile()
     if codes:  # a profile hook slows every call, so only when there is a Python function to see
         sys.setprofile(profile)
+    sys.audit("course.forbidding", True)  # a graded run's guard: no thread starts in the block
     try:
-        with _CallWatch(frozenset(functions), called):
+        with _eager(), _CallWatch(frozenset(functions), called):
             yield
     finally:
+        sys.audit("course.forbidding", False)
         sys.setprofile(previous)
         _check("forbidden", what, list(called), [])
+
+
+@contextlib.contextmanager
+def _eager():
+    """torch.compile runs the function as written inside the block: dynamo cannot trace under a
+    profile hook and a torch-function mode (an internal error), and the watch must see every call."""
+    was = os.environ.get("TORCH_COMPILE_DISABLE")
+    os.environ["TORCH_COMPILE_DISABLE"] = "1"  # read when torch._dynamo is first imported
+    loaded = "torch._dynamo" in sys.modules
+    try:
+        with sys.modules["torch._dynamo"].config.patch(disable=True) if loaded else contextlib.nullcontext():
+            yield
+    finally:
+        if was is None:
+            del os.environ["TORCH_COMPILE_DISABLE"]
+            if not loaded and "torch._dynamo" in sys.modules:  # imported in the block, disabled
+                sys.modules["torch._dynamo"].config.disable = False
+        else:
+            os.environ["TORCH_COMPILE_DISABLE"] = was
 
 
 def _judge_forbidden(called, expected, what: str) -> None:

@@ -20,7 +20,9 @@ a folder      ``jdoe/anything.ipynb``                                 ``jdoe``
 ============  =====================================================  =======================
 
 Names keep their letters in any script (``王小明_1235``, ``Zoë_Ørsted_1234``); a control character
-in a name (a newline, a right-to-left override) becomes a space. Two raw names that give the same
+in a name (a newline, a right-to-left override) becomes a space. A ``/`` in a name (``<b>X</b>_1234_
+assignsubmission_file_nb.ipynb``) cuts it into folders; the pieces that match an LMS's naming
+together are joined again, so the student keeps the LMS id. Two raw names that give the same
 folder are kept apart as ``X``, ``X-2``, ... and reported.
 
 What this module guarantees, for a hostile export and a collector running as root:
@@ -54,7 +56,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path, PurePosixPath
 
-from . import config
+from . import config, safe_text
 
 MAX_NOTEBOOK_BYTES = 20 * 1024 * 1024  # a real notebook is far smaller; more is an attack or a mistake
 MAX_TIED = 10  # more of a student's notebooks with one time are no accident: a problem, unread
@@ -93,9 +95,10 @@ UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u
 
 
 def readable(text: str) -> str:
-    """``text`` in NFC with a space for each character that would break its line or reorder it:
-    ``"Jane\\nDoe" -> "Jane Doe"``."""
-    return UNPRINTABLE.sub(" ", unicodedata.normalize("NFC", text))
+    """``text`` in NFC with a space for each character that would break its line or reorder it,
+    and U+FFFD for a byte of a file name that is not UTF-8 (a lone surrogate, which no file or
+    terminal takes): ``"Jane\\nDoe" -> "Jane Doe"``."""
+    return UNPRINTABLE.sub(" ", unicodedata.normalize("NFC", safe_text.no_surrogates(text)))
 
 
 def normalise(name: str) -> str:
@@ -148,8 +151,19 @@ def student_of(relpath: str, pattern: str | None = None,
     if pattern:
         return _match(parts[-1], [pattern])
     if len(parts) >= 2:
-        return _folder_student(parts[0])
+        return _match(parts[0], list(PATTERNS.values())) or _split_name(parts) or _folder_student(parts[0])
     return _match(parts[0], list(PATTERNS.values())) or (_folder_student(wrapper) if wrapper else None)
+
+
+def _split_name(parts: tuple[str, ...]) -> tuple[Student, datetime | None] | None:
+    """An LMS name that a ``/`` in the student's name cut into folders: ``("<b>Xss<", "b> =1+1_1234_
+    assignsubmission_file_nb.ipynb")`` -> Student("<b>Xss</b> =1+1", "1234"), the shortest
+    rejoined prefix that an LMS pattern matches; None if none does."""
+    for k in range(2, len(parts) + 1):
+        found = _match("/".join(parts[:k]), list(PATTERNS.values()))
+        if found:
+            return found
+    return None
 
 
 def _wrapper(rels: list[str]) -> str | None:
@@ -449,7 +463,8 @@ def _write_manifest(grading_dir: Path, chapter: str, content: dict) -> None:
         tmp = f".{chapter}.json.tmp"
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp, dir_fd=folder)
-        _write_new(folder, tmp, (json.dumps(content, ensure_ascii=False, indent=1) + "\n").encode())
+        text = json.dumps(content, ensure_ascii=False, indent=1) + "\n"
+        _write_new(folder, tmp, text.encode("utf-8", "backslashreplace"))  # JSON escapes: reads back
         os.replace(tmp, f"{chapter}.json", src_dir_fd=folder, dst_dir_fd=folder)  # never half-written
     finally:
         os.close(folder)

@@ -27,6 +27,14 @@ Two nbgrader preprocessors, registered in ``nbgrader_config.py``:
   of a hidden block (a submission can read the test cell's source at run time and print it)
   is replaced by a note.
 
+  :class:`HideTests` also bounds the page (a submission whose cells raise 50 MB errors made a
+  200 MB page): each output keeps at most :data:`MAX_OUTPUT_CHARS` characters of text and an
+  image at most :data:`MAX_IMAGE_CHARS` of base64, a cell's source :data:`MAX_SOURCE_CHARS`, the
+  whole page :data:`MAX_PAGE_CHARS` of outputs; what is cut says so ("... 48,213,112 more
+  characters not shown"). And it renders each written answer (a student's markdown cell, kept
+  literal by :class:`SanitizeOutputs`) as Markdown with raw HTML escaped and no image loaded
+  (:func:`student_markdown`), for the page's template to show instead of the literal block.
+
 The line match ignores whitespace, colours and invisible characters, but a submission that
 prints the captured tests transformed (reversed, encoded) gets past it: the hidden tests are
 protected by the sandbox first; this keeps them out of the ordinary paths into the HTML.
@@ -34,6 +42,7 @@ protected by the sandbox first; this keeps them out of the ordinary paths into t
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
 import unicodedata
@@ -45,13 +54,14 @@ from nbgrader.preprocessors import GetGrades, NbGraderPreprocessor
 
 from . import config
 from .notebook import HIDDEN_BEGIN, HIDDEN_END, HIDDEN_PLACEHOLDER, hide_blocks  # noqa: F401
+from .safe_text import ANSI
 
 SAFE_MIMETYPES = ("text/plain", "image/png", "image/jpeg")
 MIN_SECRET_CHARS = 10  # shorter lines (``)``, ``else:``) say nothing and would match anything
 REDACTED = "[output removed by the grader: it showed hidden test code]"
 
 _BASE64 = re.compile(r"[A-Za-z0-9+/=\s]*")
-_ANSI = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])")
+_ANSI = ANSI
 _IDENTIFIER = re.compile(r"[A-Za-z_][\w.]{0,99}")
 
 
@@ -118,20 +128,45 @@ def sanitize_output(output) -> nbformat.NotebookNode:
     return new_output("display_data", data=kept)
 
 
+STUDENT_FENCE_INFO = "student-text"  # names a student's text in a fence: not the instructor's
+
+
 def literal_markdown(text: str) -> str:
     """Markdown that renders ``text`` verbatim: a fence longer than any backtick run inside.
 
-    ``'<script>x</script>'`` -> ``'```\\n<script>x</script>\\n```'`` (the renderer escapes it)
+    ``'<script>x</script>'`` -> ``'```student-text\\n<script>x</script>\\n```'`` (the renderer
+    escapes it; the feedback page renders the text inside with :func:`student_markdown`)
     """
     longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     fence = "`" * max(3, longest + 1)
-    return f"{fence}\n{text}\n{fence}"
+    return f"{fence}{STUDENT_FENCE_INFO}\n{text}\n{fence}"
+
+
+def literal_text(source: str) -> str | None:
+    """The student's text inside a block :func:`literal_markdown` made, else None."""
+    match = re.fullmatch(r"(`{3,})" + STUDENT_FENCE_INFO + r"\n(.*)\n\1", source, flags=re.DOTALL)
+    return match.group(2) if match and literal_markdown(match.group(2)) == source else None
 
 
 def _is_literal(source: str) -> bool:
     """Already a single fenced block nothing inside can close (keeps sanitising idempotent)."""
-    match = re.fullmatch(r"(`{3,})\n(.*)\n\1", source, flags=re.DOTALL)
-    return bool(match) and literal_markdown(match.group(2)) == source
+    return literal_text(source) is not None
+
+
+@functools.cache
+def _student_renderer():
+    from markdown_it import MarkdownIt
+
+    # html=False: a tag the student wrote is shown as text; links to javascript: and the like
+    # are refused by markdown-it; images are not loaded at all (a page opened offline, and no
+    # tracking pixel): ``![x](url)`` reads as "!" and a link.
+    return MarkdownIt("commonmark", {"html": False}).enable("table").disable("image")
+
+
+def student_markdown(text: str) -> str:
+    """A student's written answer as HTML that runs and loads nothing: ``"**Because** <b>x</b>"``
+    -> ``"<p><strong>Because</strong> &lt;b&gt;x&lt;/b&gt;</p>\\n"``. Math stays as its TeX."""
+    return _student_renderer().render(text)
 
 
 def _instructor_texts(chapter: str | None) -> set[tuple[str, str]]:
@@ -241,9 +276,16 @@ class HideTests(NbGraderPreprocessor):
         public = [c for c in nb.cells if _block(c).get("locked")]
         public += instructor["release"].cells if "release" in instructor else []
         secrets = secret_lines([*nb.cells, *source], public)
+        page = {"left": MAX_PAGE_CHARS}
+        rendered = resources.setdefault("course", {}).setdefault("student_markdown", {})
         for cell in nb.cells:
             if HIDDEN_BEGIN in _text(cell.get("source")):
                 cell.source = hide_blocks(_text(cell.source))
+            if cell.cell_type == "markdown" and (text := literal_text(_text(cell.source))) is not None:
+                cell.source = literal_markdown(cut(text, MAX_SOURCE_CHARS))
+                rendered[cell.source] = student_markdown(cut(text, MAX_SOURCE_CHARS))
+            elif cell.cell_type == "code":
+                cell.source = cut(_text(cell.source), MAX_SOURCE_CHARS)
             if cell.cell_type != "code":
                 continue
             outputs = []
@@ -251,10 +293,74 @@ class HideTests(NbGraderPreprocessor):
                 if _is_test_cell(cell) and output.get("output_type") == "error":
                     ename, evalue = _text(output.get("ename")), _text(output.get("evalue"))
                     output = new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
-                text = squash(_output_text(output))
-                outputs.append(redact(output) if any(s in text for s in secrets) else output)
+                # Matched on twice what is kept, so that a hidden line the cut goes through is seen whole.
+                text = squash(_output_text(cap_output(output, 2 * MAX_OUTPUT_CHARS)))
+                output = redact(output) if any(s in text for s in secrets) else cap_output(output)
+                outputs.append(_within_page(output, page))
             cell.outputs = outputs
         return nb, resources
+
+
+# --- Bounds of the page ----------------------------------------------------------------------
+
+MAX_OUTPUT_CHARS = 20_000  # text kept of one output (a stream, an error, a result)
+MAX_IMAGE_CHARS = 2_000_000  # base64 characters of one image (1.5 MB)
+MAX_SOURCE_CHARS = 100_000  # characters of one cell's source
+MAX_PAGE_CHARS = 8_000_000  # characters of all outputs of a page
+
+
+def cut(text: str, limit: int = MAX_OUTPUT_CHARS) -> str:
+    """``text`` up to ``limit`` characters, then how many were left out:
+    ``cut("abcdef", 2) == "ab\\n... 4 more characters not shown"``."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n... {len(text) - limit:,} more characters not shown"
+
+
+def cap_output(output, limit: int = MAX_OUTPUT_CHARS) -> nbformat.NotebookNode:
+    """The output with its text cut to ``limit`` characters (an error: its value, and its
+    traceback as a whole) and an image over :data:`MAX_IMAGE_CHARS` replaced by a note."""
+    output = copy.deepcopy(output)
+    kind = output.get("output_type")
+    if kind == "stream":
+        output["text"] = cut(_text(output.get("text")), limit)
+    elif kind == "error":
+        output["evalue"] = cut(_text(output.get("evalue")), limit)
+        lines, left = [], limit
+        for line in map(_text, output.get("traceback") or []):
+            lines.append(cut(line, max(left, 0)) if len(line) > left else line)
+            left -= len(line)
+            if left < 0:
+                break
+        output["traceback"] = lines
+    elif isinstance(output.get("data"), dict):
+        for mime, value in list(output["data"].items()):
+            value = _text(value)
+            if mime.startswith("image/") and len(value) > MAX_IMAGE_CHARS:
+                del output["data"][mime]
+                note = (f"[image not shown: {len(value):,} characters, more than the "
+                        f"{MAX_IMAGE_CHARS:,} a feedback page keeps per image]")
+                output["data"]["text/plain"] = note
+            elif not mime.startswith("image/"):
+                output["data"][mime] = cut(value, limit)
+    return output
+
+
+def _size(output) -> int:
+    data = output.get("data") if isinstance(output.get("data"), dict) else {}
+    return len(_output_text(output)) + sum(len(_text(v)) for m, v in data.items() if m.startswith("image/"))
+
+
+def _within_page(output, page: dict) -> nbformat.NotebookNode:
+    """The output while the page has room for it, else a note that it was left out."""
+    size = _size(output)
+    if size > page["left"]:
+        page["left"] = 0
+        note = (f"[output not shown: {size:,} characters, more than the page has left of the "
+                f"{MAX_PAGE_CHARS:,} characters of output a feedback page keeps]")
+        return new_output("stream", name="stdout", text=note + "\n")
+    page["left"] -= size
+    return output
 
 
 TEMPLATES = str(Path(__file__).parent / "templates")  # the feedback page: feedback/course_feedback.html.j2
@@ -273,7 +379,8 @@ class NameGrades(GetGrades):
 
     def _get_score(self, cell, resources):
         meta = cell.metadata.nbgrader
-        grade = self.gradebook.find_grade(meta["grade_id"], self.notebook_id, self.assignment_id, self.student_id)
+        grade = self.gradebook.find_grade(meta["grade_id"], self.notebook_id, self.assignment_id,
+                                          self.student_id)
         meta["score"], meta["points"] = grade.score, grade.max_score
         meta["pending"] = bool(grade.needs_manual_grade)
         meta["label"] = grade_label(meta["grade_id"], cell)

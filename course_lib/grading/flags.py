@@ -6,13 +6,14 @@ reach the grader's machinery from inside the kernel: IPython's hooks (``get_ipyt
 AST transformers, event callbacks, custom exception handlers), the interpreter's (trace and audit
 hooks, frames, closures, code objects, ``gc``, ``ctypes``, ``inspect``, threads and signals),
 changes to the libraries the tests call (``F.softmax = ...``, ``setattr(torch, ...)``, ``del
-math.pi``, through any alias the notebook imports), and an answer that calls course_lib's
-reference for its own exercise. No verdict depends on any of this (verdicts are judged outside
+math.pi``, through any alias the notebook imports). Whether an answer calls course_lib's
+reference for its own exercise is decided by what runs, not what is written: the graded run
+observes the reference by identity (:mod:`course_lib.grading.guard`). No verdict depends on any of this (verdicts are judged outside
 the sandbox from data, :mod:`course_lib.grading.verdicts`, whose graded runs also report what
 their answers ran); the flags are for a person to read, not a penalty.
 
     >>> flags(nb)  # doctest: +SKIP
-    ['ex_causal_mask: calls course_lib reference causal_mask', 'cell 7: uses get_ipython']
+    ['ex_causal_mask: imports ctypes (ctypes)', 'cell 7: uses get_ipython']
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import ast
 
 from . import config, notebook
 
-MODULES = {"gc": "gc", "ctypes": "ctypes", "inspect": "inspect", "threading": "threads",
+MODULES = {"gc": "gc", "ctypes": "ctypes", "threading": "threads",
            "_thread": "threads", "signal": "signal handlers"}
 ATTRIBUTES = {  # attribute or name -> what it is for
     "_getframe": "frames", "f_back": "frames", "f_globals": "frames", "f_locals": "frames",
@@ -56,10 +57,8 @@ def flags(nb, release_nb=None) -> list[str]:
         if cell.cell_type != "code" or not (is_answer or changed):
             continue
         where = meta.get("grade_id") or f"cell {index}"
-        exercise = where[len(config.EXERCISE_PREFIX):] if is_answer and where.startswith(
-            config.EXERCISE_PREFIX) else None
         tree = _parse(cell.source)
-        found = [NOT_PARSED] if tree is None else _CellScan(aliases, exercise).run(tree)
+        found = [NOT_PARSED] if tree is None else _CellScan(aliases).run(tree)
         out += [f"{where}: {what}" for what in dict.fromkeys(found)]
     return out
 
@@ -103,10 +102,10 @@ def _dotted(node: ast.AST) -> str:
 
 
 class _CellScan(ast.NodeVisitor):
-    """The flags of one parsed cell; ``exercise`` is the name of the exercise it answers, if any."""
+    """The flags of one parsed cell."""
 
-    def __init__(self, aliases: dict[str, str], exercise: str | None):
-        self.aliases, self.exercise, self.found = aliases, exercise, []
+    def __init__(self, aliases: dict[str, str]):
+        self.aliases, self.found = aliases, []
 
     def run(self, tree: ast.AST) -> list[str]:
         self.visit(tree)
@@ -124,8 +123,6 @@ class _CellScan(ast.NodeVisitor):
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         self._imported(node.module or "")
         for a in node.names:
-            if node.module and node.module.startswith("course_lib") and a.name == self.exercise:
-                self.found.append(f"imports course_lib reference {a.name}")
             if a.name in ATTRIBUTES:
                 self.found.append(f"uses {ATTRIBUTES[a.name]}")
         self.generic_visit(node)
@@ -147,8 +144,6 @@ class _CellScan(ast.NodeVisitor):
         elif node.attr == "register" and isinstance(node.value, (ast.Attribute, ast.Name)) and (
                 getattr(node.value, "attr", None) == "events" or getattr(node.value, "id", None) == "events"):
             self.found.append("registers an IPython event callback")
-        elif node.attr == self.exercise and (self._module_of(node) or "").startswith("course_lib"):
-            self.found.append(f"calls course_lib reference {node.attr}")
         self.generic_visit(node)
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
@@ -189,10 +184,6 @@ class _CellScan(ast.NodeVisitor):
         name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
         if name in ("setattr", "delattr") and node.args and self._module_of(node.args[0]):
             self.found.append(f"{name} on {_dotted(node.args[0])} (library code)")
-        if name in ("getattr", "setattr") and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) \
-                and node.args[1].value == self.exercise and (self._module_of(node.args[0]) or "").startswith(
-                    "course_lib"):
-            self.found.append(f"calls course_lib reference {self.exercise}")
         if name in ("__import__", "import_module") and node.args and isinstance(node.args[0], ast.Constant):
             self._imported(str(node.args[0].value))
         self.generic_visit(node)

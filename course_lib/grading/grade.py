@@ -17,11 +17,18 @@ Grading
    copy written under ``<grading>/staged/`` (the submission itself is never changed, so grading
    again gives the same notes), each notebook executed in the sandbox of ``sandbox.py``;
 5. writes feedback HTML per student (no hidden tests in it, see ``feedback.py``; a process per CPU),
-   ``<grading>/grades.csv`` (one row per student of the export: name, LMS id, points per exercise
-   and written question, sums, problem, notes, flags) and a summary per exercise as
-   ``summary.txt`` and ``summary.png``. Problems, notes and flags are kept in
-   ``<grading>/graded/<chapter>.json`` so that ``export`` writes the same rows after manual
-   grading.
+   the chapter's table ``<grading>/grades/<chapter>.csv`` (one row per student of the export:
+   name, LMS id, points per exercise and written question, sums, problem, notes, flags), its
+   summary per exercise (``grades/<chapter>-summary.txt`` and ``.png``) and the gradebook of every
+   chapter graded so far, ``<grading>/gradebook.csv``, for the LMS (see ``gradebook.py``).
+   Problems, notes and flags are kept in ``<grading>/graded/<chapter>.json`` so that ``export``
+   writes the same rows after manual grading.
+
+Whatever one submission holds is that student's problem alone: each step per student (staging,
+autograding, reading the graded runs' report, the feedback page) fails alone and says why in the
+student's ``problem`` (or, for a missing report, the notes), and text from submissions is written
+through ``safe_text`` (lone surrogates replaced, records written whole), so the class is always
+graded and a later grading never trips on what an earlier one left.
 
 A class can be graded in N shares on N machines (a Slurm job array, a Kubernetes Indexed Job;
 see the instructors' page): ``grade(..., shard=(K, N))`` grades only the students of the K-th
@@ -30,12 +37,11 @@ so the shares are the same on every machine and every run) and writes everything
 ``<grading>/shards/<chapter>/K-of-N/``, reading nothing there but ``submitted/`` and the collect
 manifest: a failed share is graded again alone, touching no other. :func:`merge` then copies
 each share's autograded notebooks and gradebook rows into ``<grading>`` and writes the feedback,
-``grades.csv`` and the summary exactly as one run would have.
+the chapter's grades CSV, the summary and ``gradebook.csv`` exactly as one run would have.
 """
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import os
@@ -45,7 +51,19 @@ from pathlib import Path
 
 import nbformat
 
-from . import collect, config, flags, nbgrader_cli, notebook, release, repair, sandbox, verdicts
+from . import (
+    collect,
+    config,
+    flags,
+    gradebook,
+    nbgrader_cli,
+    notebook,
+    release,
+    repair,
+    safe_text,
+    sandbox,
+    verdicts,
+)
 from .failures import failure_cause
 
 ALLOWED_EXTRA = {"timestamp.txt"}  # what nbgrader's own collect puts beside a notebook
@@ -106,7 +124,7 @@ def shard_dir(chapter: str, g: Path, k: int, n: int) -> Path:
 
 def grade(chapter: str, grading_dir: Path | None = None, jobs: int | None = None,
           unsandboxed: bool = False, all_cells: bool = False, shard: tuple[int, int] | None = None) -> Path:
-    """Autograde ``chapter``; returns the path of the grades CSV (with ``shard=(K, N)``: of the
+    """Autograde ``chapter``; returns the path of its grades CSV (with ``shard=(K, N)``: of the
     share's record, for :func:`merge`). The chapter's unchanged demonstration cells
     (:func:`notebook.unchanged_demonstrations`) are not run unless ``all_cells``."""
     g = Path(grading_dir or config.root() / "grading").resolve()
@@ -127,24 +145,13 @@ def grade(chapter: str, grading_dir: Path | None = None, jobs: int | None = None
     release_nb = notebook.read(released)
     record = {s: {"problem": None, "notes": [], "flags": []} for s in students}
     for student in students:
-        path = g / "submitted" / student / chapter / f"{chapter}.ipynb"
-        problem = (collected.get(student) or {}).get("problem")
-        if not problem:
-            problem = problem_with(path, chapter) if os.path.lexists(path) else (
-                f"no {path.name} in the submission")
+        try:
+            problem = _stage(student, chapter, g, out, collected, release_nb, record[student])
+        except Exception as e:  # noqa: BLE001 (one student's file never stops the others)
+            problem = f"could not be staged for grading ({type(e).__name__}: {safe_text.plain(e)[:200]})"
         if problem:
             record[student]["problem"] = problem
-            print(f"Cannot grade {student}: {path}: {problem}", flush=True)
-            continue
-        nb, notes = repair.repair(nbformat.read(str(path), as_version=4), release_nb)
-        clean = out / "staged" / student / chapter
-        shutil.rmtree(clean.parent, ignore_errors=True)
-        clean.mkdir(parents=True)
-        nbformat.write(nb, str(clean / path.name))
-        stamp = path.parent / "timestamp.txt"  # nbgrader's, for late penalties
-        if stamp.is_file() and not stamp.is_symlink():
-            (clean / stamp.name).write_text(stamp.read_text(errors="replace")[:100])
-        record[student].update(notes=notes, flags=flags.flags(nb, release_nb))
+            print(f"Cannot grade {safe_text.plain(student)}: {safe_text.plain(problem)}", flush=True)
     gradable = [s for s in students if not record[s]["problem"]]
 
     keys, reports = out / "keys", out / "reports" / chapter
@@ -162,19 +169,59 @@ def grade(chapter: str, grading_dir: Path | None = None, jobs: int | None = None
                                        grading_dir=out, submitted_dir=out / "staged", env=thread_env(jobs))
     for student in gradable:
         if failed[student]:
-            record[student]["problem"] = why = f"autograding failed: {failure_cause(failed[student], out)}"
-            print(f"Cannot grade {student}: {why}", flush=True)
-        report = reports / f"{student}.json"
-        if report.is_file():  # what the graded runs observed (written by SandboxedExecute)
-            found = json.loads(report.read_text(encoding="utf-8"))
-            record[student]["flags"] += [str(f)[:300] for f in found.get("flags", [])]
-            record[student]["notes"] += [str(n)[:300] for n in found.get("notes", [])]
+            why = f"autograding failed: {safe_text.plain(failure_cause(failed[student], out))}"
+            record[student]["problem"] = why
+            print(f"Cannot grade {safe_text.plain(student)}: {why}", flush=True)
+        else:
+            _read_report(reports / f"{student}.json", record[student])
     path = _record_path(chapter, out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1, ensure_ascii=False), encoding="utf-8")
+    safe_text.write_json(path, record)  # written whole: a later grading never finds half a record
     if shard is not None:  # written last: a share that stopped half-way has no record to merge
         return path
     return _write_outputs(chapter, g, students, record)
+
+
+def _stage(student: str, chapter: str, g: Path, out: Path, collected: dict, release_nb,
+           rec: dict) -> str | None:
+    """Write the clean copy of ``student``'s notebook that nbgrader grades, with its repairs and
+    flags in ``rec``; returns why it cannot be graded, or None."""
+    path = g / "submitted" / student / chapter / f"{chapter}.ipynb"
+    problem = (collected.get(student) or {}).get("problem")
+    if not problem:
+        problem = (problem_with(path, chapter) if os.path.lexists(path)
+                   else f"no {path.name} in the submission")
+    if problem:
+        return problem
+    # A lone surrogate ("\ud800": valid JSON, no UTF-8) would stop nbgrader and every record.
+    submission = nbformat.from_dict(safe_text.scrub(nbformat.read(str(path), as_version=4)))
+    nb, notes = repair.repair(submission, release_nb)
+    clean = out / "staged" / student / chapter
+    shutil.rmtree(clean.parent, ignore_errors=True)
+    clean.mkdir(parents=True)
+    nbformat.write(nb, str(clean / path.name))
+    stamp = path.parent / "timestamp.txt"  # nbgrader's, for late penalties
+    if stamp.is_file() and not stamp.is_symlink():
+        (clean / stamp.name).write_text(safe_text.plain(stamp.read_text(errors="replace")[:100]))
+    rec.update(notes=notes, flags=flags.flags(nb, release_nb))
+    return None
+
+
+def _read_report(report: Path, rec: dict) -> None:
+    """Add what the graded runs observed (``report``, written by SandboxedExecute) to ``rec``; a
+    report missing, cut short or not of the expected shape is said in the notes, never raised."""
+    try:
+        found = json.loads(report.read_bytes().decode("utf-8", "replace"))
+        if not isinstance(found, dict):
+            raise ValueError("not a JSON object")
+        flags_, notes = found.get("flags", []), found.get("notes", [])
+        if not isinstance(flags_, list) or not isinstance(notes, list):
+            raise ValueError("flags and notes are not lists")
+    except (OSError, ValueError) as e:
+        why = "missing" if isinstance(e, FileNotFoundError) else f"unreadable ({type(e).__name__})"
+        rec["notes"].append(f"the report of the graded runs is {why}: their flags and notes are not shown")
+        return
+    rec["flags"] += [safe_text.plain(f)[:300] for f in flags_]
+    rec["notes"] += [safe_text.plain(n)[:300] for n in notes]
 
 
 def usable_cpus() -> int:
@@ -198,7 +245,7 @@ def thread_env(jobs: int) -> dict[str, str]:
 def merge(chapter: str, grading_dir: Path | None = None, n: int | None = None) -> Path:
     """Join the N shares graded by ``grade(..., shard=(K, N))`` into ``grading_dir``: their
     autograded notebooks and gradebook rows, their problems, notes and flags; then the feedback,
-    grades.csv and summary, as one run writes them. Returns the path of grades.csv."""
+    grades CSV and summary, as one run writes them. Returns the path of the grades CSV."""
     from nbgrader.api import Gradebook, MissingEntry
 
     g = Path(grading_dir or config.root() / "grading").resolve()
@@ -207,7 +254,8 @@ def merge(chapter: str, grading_dir: Path | None = None, n: int | None = None) -
         raise SystemExit(f"Say how many shares to merge (--shards N): under {g / 'shards' / chapter} "
                          f"there are shares of {found or 'none'}.")
     n = n or found[0]
-    missing = [k for k in range(1, n + 1) if not _record_path(chapter, shard_dir(chapter, g, k, n)).is_file()]
+    records = {k: _load_record(_record_path(chapter, shard_dir(chapter, g, k, n))) for k in range(1, n + 1)}
+    missing = [k for k, part_record in records.items() if part_record is None]
     if missing:
         raise SystemExit(f"Shares {', '.join(f'{k}/{n}' for k in missing)} of {chapter} are not graded "
                          f"(or stopped): run grade {chapter} --shard K/{n} for each, then merge again.")
@@ -216,7 +264,7 @@ def merge(chapter: str, grading_dir: Path | None = None, n: int | None = None) -
     record = {}
     for k in range(1, n + 1):
         part = shard_dir(chapter, g, k, n)
-        shard_record = json.loads(_record_path(chapter, part).read_text(encoding="utf-8"))
+        shard_record = records[k]
         record |= shard_record
         with Gradebook(f"sqlite:///{part / 'gradebook.db'}") as src, \
                 Gradebook(f"sqlite:///{g / 'gradebook.db'}") as dst:
@@ -232,10 +280,8 @@ def merge(chapter: str, grading_dir: Path | None = None, n: int | None = None) -
                 shutil.copytree(done, target)
     for student in students:  # collected after the shares were graded
         record.setdefault(student, {"problem": "not graded yet (run grade)", "notes": [], "flags": []})
-    path = _record_path(chapter, g)
-    path.parent.mkdir(parents=True, exist_ok=True)
     record = {s: record[s] for s in students}  # in the order one run writes them
-    path.write_text(json.dumps(record, indent=1, ensure_ascii=False), encoding="utf-8")
+    safe_text.write_json(_record_path(chapter, g), record)
     return _write_outputs(chapter, g, students, record)
 
 
@@ -260,10 +306,9 @@ def _copy_submission(submission, dst, chapter: str, student: str) -> None:
 def export(chapter: str, grading_dir: Path | None = None) -> Path:
     """Rewrite grades, summary and feedback from the gradebook, e.g. after manual grading."""
     g = Path(grading_dir or config.root() / "grading").resolve()
-    path = _record_path(chapter, g)
-    if not path.is_file():
+    record = _load_record(_record_path(chapter, g))
+    if record is None:
         raise SystemExit(f"Nothing of {chapter} has been graded under {g}: run grade first.")
-    record = json.loads(path.read_text(encoding="utf-8"))
     students = _students(chapter, g)
     for student in students:  # collected after the last grading
         record.setdefault(student, {"problem": "not graded yet (run grade)", "notes": [], "flags": []})
@@ -271,111 +316,30 @@ def export(chapter: str, grading_dir: Path | None = None) -> Path:
 
 
 def _write_outputs(chapter: str, g: Path, students: list[str], record: dict) -> Path:
+    """Feedback pages, the chapter's grades CSV and summary, and the combined gradebook. A page
+    that cannot be written is said in its student's ``problem`` (the points stand); the class is
+    always graded."""
+    feedback_problems = {}
     if any(not record[s]["problem"] for s in students):  # every autograded notebook's page
         done = sorted(p.parent.name for p in (g / "autograded").glob(f"*/{chapter}") if p.is_dir())
         failed = nbgrader_cli.each_student("generate_feedback", chapter, done, "--force", grading_dir=g,
                                            jobs=usable_cpus())
-        logs = [log for log in failed.values() if log]
-        if logs:
-            raise RuntimeError("\n".join(["nbgrader generate_feedback failed:", *logs]))
-    path = write_grades_csv(chapter, students, g, record)
-    write_summary(path)
+        for student, log in failed.items():
+            if log:
+                why = f"no feedback page: {safe_text.plain(failure_cause(log, g))}"
+                feedback_problems[student] = why
+                print(f"Feedback for {safe_text.plain(student)}: {why}", flush=True)
+    path = gradebook.write_grades_csv(chapter, students, g, record, feedback_problems)
+    gradebook.write_summary(path)
+    gradebook.write_combined(g)
     return path
 
 
-# What makes a spreadsheet read a cell as a formula (OWASP, "CSV Injection").
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-
-
-def spreadsheet_safe(value):
-    """``value`` as a CSV cell no spreadsheet runs: text starting with ``= + - @``, a tab or a
-    carriage return gets a leading ``'`` (``"=2+5" -> "'=2+5"``); numbers stay numbers."""
-    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_START) else value
-
-
-def write_grades_csv(chapter: str, students: list[str], grading_dir: Path, record: dict) -> Path:
-    """One row per student: name and LMS id (from collect), points per autograded exercise and per
-    written question (empty until graded by hand in the formgrader), the autograded sum and
-    maximum, the overall ones, the problem that stopped grading (then every score is 0), the
-    repairs made to the notebook's metadata and the flags for a person to read. Names, problems and
-    every other text come from students' files: each text cell is :func:`spreadsheet_safe` and
-    quoted, so that no cell is a formula and no separator in a text starts a new cell."""
-    from nbgrader.api import Gradebook, MissingEntry
-
-    nb = notebook.read(config.solution_path(chapter))
-    exercises = {ex.name: ex.points for ex in notebook.exercises(nb)}
-    written = notebook.written_questions(nb)
-    full = sum(exercises.values())
-    collected = collect.manifest(chapter, grading_dir)["students"]
-    rows = []
-    with Gradebook(f"sqlite:///{grading_dir / 'gradebook.db'}") as gb:
-        for student in students:
-            info, rec = collected.get(student) or {}, record[student]
-            row = {"student": student, "name": info.get("name") or student,
-                   "lms_id": info.get("lms_id") or "", "chapter": chapter,
-                   "problem": rec["problem"] or "", "notes": "; ".join(rec["notes"]),
-                   "flags": "; ".join(rec["flags"])}
-            try:
-                # find_submission_notebook(notebook, assignment, student)
-                sub = None if row["problem"] else gb.find_submission_notebook(chapter, chapter, student)
-            except MissingEntry:
-                sub, row["problem"] = None, "not graded (see the output of the grade command)"
-            if sub is None:
-                row.update({name: 0.0 for name in exercises} | {name: "" for name in written})
-                row.update(autograded=0.0, autograded_max=full, total=0.0, max="")
-            else:
-                grades = {gr.name.removesuffix(config.TEST_SUFFIX): gr for gr in sub.grades}
-                row.update({name: grades[name].score for name in exercises})
-                row.update({name: grades[name].manual_score for name in written})
-                row.update(autograded=sum(row[name] for name in exercises), autograded_max=full,
-                           total=sub.score, max=sub.max_score)
-            rows.append(row)
-    path = grading_dir / "grades.csv"
-    with path.open("w", newline="", encoding="utf-8") as f:
-        fields = ["student", "name", "lms_id", "chapter", *exercises, *written, "autograded",
-                  "autograded_max", "total", "max", "problem", "notes", "flags"]
-        writer = csv.DictWriter(f, fieldnames=fields, quoting=csv.QUOTE_NONNUMERIC)
-        writer.writeheader()
-        writer.writerows({k: spreadsheet_safe(v) for k, v in row.items()} for row in rows)
-    return path
-
-
-def summarize(grades_csv: Path) -> list[dict]:
-    """Per exercise: mean score, its maximum, and the share of students with full marks."""
-    with grades_csv.open(encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
-    chapter = rows[0]["chapter"]
-    nb = notebook.read(config.solution_path(chapter))
-    out = []
-    for ex in notebook.exercises(nb):
-        scores = [float(r[ex.name]) for r in rows]
-        out.append({"exercise": ex.name, "points": ex.points, "mean": sum(scores) / len(scores),
-                    "full_marks": sum(s >= ex.points for s in scores) / len(scores)})
-    return out
-
-
-def write_summary(grades_csv: Path) -> tuple[Path, Path]:
-    """``summary.txt`` (printed too) and ``summary.png`` beside the grades CSV."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    stats = summarize(grades_csv)
-    width = max(len(s["exercise"]) for s in stats)
-    lines = [f"{'exercise':<{width}}  mean / points  full marks"]
-    lines += [f"{s['exercise']:<{width}}  {s['mean']:5.2f} / {s['points']:<5g}  {s['full_marks']:6.0%}"
-              for s in stats]
-    text = grades_csv.with_name("summary.txt")
-    text.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(stats)), 3))
-    ax.bar([s["exercise"].removeprefix("ex_") for s in stats], [100 * s["full_marks"] for s in stats])
-    ax.set_ylabel("students with full marks (%)")
-    ax.set_ylim(0, 100)
-    ax.tick_params(axis="x", rotation=30)
-    fig.tight_layout()
-    png = grades_csv.with_name("summary.png")
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
-    return text, png
+def _load_record(path: Path) -> dict | None:
+    """The record at ``path`` (problems, notes and flags per student), or None if it is missing or
+    not a record (a grading stopped before it existed: grade again)."""
+    try:
+        record = json.loads(path.read_bytes().decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and all(isinstance(r, dict) for r in record.values()) else None

@@ -70,9 +70,9 @@ from pathlib import Path
 
 import nbformat
 from nbgrader.preprocessors import NbGraderPreprocessor
-from traitlets import Bool, Integer, Unicode
+from traitlets import Bool, Enum, Integer, Unicode
 
-from . import config, failures, notebook, verdicts, worker
+from . import config, failures, guard, notebook, verdicts, worker
 from .worker import error_output
 
 WORKDIR = "/submission"  # the sandbox's working folder, a size-limited tmpfs
@@ -366,6 +366,9 @@ class SandboxedExecute(NbGraderPreprocessor):
     answer_keys = Unicode("", help="Folder where the chapters' answer keys are kept ('': made each time)"
                           ).tag(config=True)
     report_dir = Unicode("", help="Folder for each student's report (flags, notes) as JSON").tag(config=True)
+    borrowed_reference = Enum(["flag", "fail"], "flag", help=(
+        "An answer that runs course_lib's own reference of its exercise: 'flag' it for a person "
+        "(the points stand) or 'fail' the exercise")).tag(config=True)
 
     def preprocess(self, nb, resources):
         per_cell = self.timeout or config.cell_timeout()
@@ -418,7 +421,8 @@ class SandboxedExecute(NbGraderPreprocessor):
                 results = results if isinstance(results, dict) else {}
             except ValueError:
                 results, run_failure = {}, "the graded runs sent back no readable result"
-        report = _judge_cells(executed, key, results, run_failure, reasons, release)
+        report = _judge_cells(executed, key, results, run_failure, reasons, release,
+                              fail_borrowed=self.borrowed_reference == "fail")
         report["notes"] += [unreadable] if unreadable else []
         _write_report(self.report_dir, resources, report)
         return executed, resources
@@ -574,10 +578,12 @@ def _clean_output(out):
     return nbformat.v4.new_output(kind, data=data)
 
 
-def _judge_cells(nb, key: dict, results: dict, failure: str | None, reasons: list[str], release=None) -> dict:
+def _judge_cells(nb, key: dict, results: dict, failure: str | None, reasons: list[str], release=None,
+                 fail_borrowed: bool = False) -> dict:
     """Put each exercise's verdict in its test cell (the only output a test cell has), with the
     points of the ``release`` (the instructor's notebook), and return the report: flags from the
-    graded runs and notes on limits reached."""
+    graded runs and notes on limits reached. ``fail_borrowed``: an answer that ran its exercise's
+    course_lib reference fails (else it is flagged only)."""
     flags, notes = [], []
     for cell in nb.cells:  # a graded cell that no exercise of the key pairs with earns nothing
         if cell.cell_type == "code" and notebook.nbgrader_meta(cell).get("grade"):
@@ -597,12 +603,16 @@ def _judge_cells(nb, key: dict, results: dict, failure: str | None, reasons: lis
             result = {"checks": [], "error": failure or "no result came back from the graded run"}
         elif reasons and "killed" in str(result.get("error")):
             result["error"] = f"{result['error']}; the last limit the submission passed: {reasons[-1]}"
+        events = result.get("events") if isinstance(result.get("events"), list) else []
         problem = verdicts.judge(key[name], result)
+        borrowed = [e for e in events if isinstance(e, str) and e.endswith(guard.BORROWED)]
+        if problem is None and fail_borrowed and borrowed:
+            problem = (f"the answer runs course_lib's own reference of this exercise ({borrowed[0]}); "
+                       "write it yourself")
         if problem is not None and name in released:
             problem = _scrubbed(problem, release.cells[released[name].test_cell].source)
         cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"{name}: all tests passed\n")
                         ] if problem is None else [error_output("AssertionError", problem)]
-        events = result.get("events") if isinstance(result.get("events"), list) else []
         flags += [f"{name}: {event}" for event in events[:10] if isinstance(event, str)]
         if "time limit" in str(result.get("error")) or "ran past" in str(result.get("error")):
             notes.append(f"{name}: {str(result.get('error'))[:200]}")

@@ -42,7 +42,9 @@ import functools
 import hashlib
 import importlib
 import json
+import linecache
 import os
+import re
 import secrets
 import select
 import signal
@@ -52,7 +54,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import config, harden, notebook, work_limit
+from . import config, guard, harden, notebook, work_limit
 
 MAX_RECORD_BYTES = 64 * 2**20  # one exercise's record, as sent
 SETUP_S = 15  # beyond the cell limit, for a graded run's set-up cells and answer
@@ -220,7 +222,7 @@ def _without_unused_definitions(body: list[ast.stmt]) -> list[ast.stmt]:
 def answer_names(solution_source: str) -> list[str]:
     """The names an exercise's solution cell defines at top level: what its tests may call."""
     try:
-        tree = ast.parse(solution_source)
+        tree = ast.parse(_ipython_free(solution_source))
     except SyntaxError:
         return []
     names = []
@@ -262,6 +264,7 @@ def run(req: dict, deadline_s: float | None = None) -> dict:
 
     from . import checks  # noqa: F401
 
+    guard.import_course_lib()  # every reference exists before an answer could import it
     for name in setup_imports(req["setup"]):  # the set-up cells then find them loaded, in every child
         with contextlib.suppress(Exception):  # a child's set-up reports the failure as its own
             importlib.import_module(name)
@@ -398,13 +401,16 @@ def _child(req: dict, group: list[dict], fd: int) -> None:
     token = secrets.token_hex(8)
     setup_file, test_file, answer_file = f"<setup {token}>", f"<tests {token}>", "<answer>"
     setup, recording = req["setup"], req["recording"]
+    guarded = req.get("guard", recording)  # the self-check guards its runs too, with references
     req.clear()  # the other exercises' tests stay out of reach
     ns: dict = {"__name__": "__main__"}
     for source in setup:
         exec(compile(source, setup_file, "exec"), ns)
     current = [""]  # the exercise whose answer runs, for the reports
-    if recording:
-        _install_hook(fd, (setup_file, test_file), current)
+    if guarded:
+        observed = [f for ex in group for f in guard.references(ex["name"])]
+        guard.observe(observed)
+        guard.install(fd, (setup_file, test_file), current, (answer_file,), observed)
     while group:
         ex = group.pop(0)
         current[0] = ex["name"]
@@ -414,11 +420,16 @@ def _child(req: dict, group: list[dict], fd: int) -> None:
             for seed in (torch.manual_seed, random.seed, np.random.seed):
                 seed(0)
             answer_ns = dict(ns)
-            exec(compile(_ipython_free(ex.pop("answer")), answer_file, "exec"), answer_ns)
+            answer = _ipython_free(ex.pop("answer"))
+            linecache.cache[answer_file] = (len(answer), None, answer.splitlines(True), answer_file)  # inspect
+            answer_ns |= {"get_ipython": lambda ns=answer_ns: _Shell(ns), "display": lambda *a, **k: None}
+            exec(compile(answer, answer_file, "exec"), answer_ns)
             tests_ns = dict(ns, **{CHECKS_NAME: checks})
             for name in ex["names"]:
                 if name in answer_ns:
                     tests_ns[name] = answer_ns[name]
+                    if guarded and _is_one_of(answer_ns[name], observed):  # the reference, renamed
+                        sys.audit("course.reference_given", f"{_qualname(answer_ns[name])} (as the answer's {name})")
             for seed in (torch.manual_seed, random.seed, np.random.seed):
                 seed(0)
             exec(compile(ex.pop("tests"), test_file, "exec"), tests_ns)
@@ -428,8 +439,54 @@ def _child(req: dict, group: list[dict], fd: int) -> None:
         _send(fd, {"name": ex["name"], "result": {"checks": session.entries, "error": error}})
 
 
+def _is_one_of(value, functions) -> bool:
+    """Whether ``value`` is one of ``functions``, or a partial or wrapper of one (a few layers)."""
+    for _ in range(8):
+        if value is None:
+            return False
+        if any(value is f for f in functions):
+            return True
+        value = getattr(value, "func", None) or getattr(value, "__wrapped__", None)
+    return False
+
+
+def _qualname(value) -> str:
+    for _ in range(8):
+        if hasattr(value, "__qualname__"):
+            return f"{value.__module__}.{value.__qualname__}"
+        value = getattr(value, "func", None) or getattr(value, "__wrapped__", None)
+    return "a reference"
+
+
+class _Shell:
+    """What ``get_ipython()`` gives an answer in a graded run: the timing magics run their code once
+    (their timing is of no use to a grade); any other magic fails and says so, here and in the
+    self-check alike."""
+
+    TIMING = ("time", "timeit")
+
+    def __init__(self, ns: dict):
+        self.ns = ns
+
+    def run_line_magic(self, name: str, line: str, _stack_depth=1):
+        return self.run_cell_magic(name, line, "")
+
+    def run_cell_magic(self, name: str, line: str, cell: str):
+        if name not in self.TIMING:
+            raise RuntimeError(f"the IPython magic %{name} is not run by the grader: move it to a cell of "
+                               "your own, outside the answer's cell")
+        if name == "timeit":  # options first: -n 10 -r 3 -q -o
+            cell = cell or re.sub(r"^\s*(-[a-z]\s*(\d+\s*)?)*", "", line)
+        else:
+            cell = cell or line
+        exec(compile(cell, "<answer>", "exec"), self.ns)
+
+    def __getattr__(self, name):
+        raise AttributeError(f"get_ipython().{name} is not available while an answer is graded")
+
+
 def _ipython_free(source: str) -> str:
-    """An answer cell as Python: IPython's magics become calls (which fail: there is no shell)."""
+    """An answer cell as Python: IPython's magics become ``get_ipython()`` calls (:class:`_Shell`)."""
     try:
         ast.parse(source)
         return source
@@ -446,147 +503,6 @@ def _describe(e: BaseException, answer_file: str) -> str:
     text = f"{type(e).__name__}: {e}"[:600]
     lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == answer_file]
     return text + (f" (raised at line {lines[-1]} of the answer)" if lines else "")
-
-
-# --- the audit hook -----------------------------------------------------------------------------
-
-REFUSED = ("sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile", "sys.addaudithook",
-           "sys._getframemodulename", "object.__setattr__", "object.__delattr__", "code.__new__",
-           "function.__new__", "marshal.loads", "marshal.load", "os.system", "os.exec", "os.posix_spawn",
-           "os.spawn", "os.fork", "os.forkpty", "subprocess.Popen", "pty.spawn",
-           "cpython.PyInterpreterState_New", "cpython._PySys_ClearAuditHooks")
-REFUSED_PREFIXES = ("gc.", "ctypes.", "sys.monitoring")
-IMPORT_MACHINERY = {"importlib", "zipimport", "pkgutil"}
-SUSPICIOUS_IMPORTS = {"gc", "ctypes", "inspect", "importlib", "threading", "_thread", "signal", "code",
-                      "codeop", "marshal", "pickle", "dis", "traceback", "multiprocessing", "subprocess", "pty"}
-# Modules that hand the interpreter's machinery to whoever calls them: an event raised in one of them
-# is the caller's. Any other library acts on its own behalf (lazy set-up in torch, say).
-MECHANISMS = {"inspect", "traceback", "threading", "_thread", "code", "codeop", "runpy", "pdb", "bdb", "cgitb",
-              "trace", "profile", "cProfile", "dis", "types", "functools", "operator", "contextlib", "signal",
-              "concurrent", "asyncio", "multiprocessing", "copy", "copyreg", "pickle", "weakref", "gc", "ctypes",
-              "importlib", "pkgutil", "zipimport", "timeit", "linecache", "tokenize", "io", "_io", "os",
-              "subprocess", "pty", "shutil"}
-
-
-MEMORY_FILES = ("mem", "pagemap")
-
-
-def _raw_memory(path) -> bool:
-    """Whether opening ``path`` would read a process's memory: ``/proc/PID/mem`` however it is
-    spelled (``/proc/self``, a link, a relative name from a folder of ``/proc``)."""
-    if not isinstance(path, (str, bytes)):
-        return False
-    name = os.fsdecode(path)
-    if os.path.basename(name) in MEMORY_FILES and not os.path.isabs(name):
-        return True  # relative to a folder descriptor that may be /proc/PID
-    real = os.path.realpath(name)
-    return real.startswith("/proc/") and os.path.basename(real) in MEMORY_FILES
-
-
-def _library_dirs() -> tuple[str, ...]:
-    dirs = {os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    dirs.add(os.path.realpath(Path(__file__).resolve().parents[1]) + os.sep)  # course_lib
-    return tuple(dirs)
-
-
-def _is_code_file(path, library: tuple[str, ...]) -> bool:
-    """A Python source, bytecode, extension or archive outside the installed libraries."""
-    name = os.fsdecode(path)
-    return name.endswith((".py", ".pyc", ".pyo", ".so", ".pth", ".zip", ".egg", ".whl")) and \
-        not os.path.realpath(name).startswith(library)
-
-
-def _install_hook(fd: int, trusted: tuple[str, ...], current: list[str]) -> None:
-    """The graded run's audit hook and thread and signal guards (see the module docstring).
-
-    Code is *untrusted* if it is the answer's or was compiled while untrusted code was running (an
-    ``exec`` of a string, ``timeit``...); the set-up and test cells are trusted; every other frame is
-    a library's. An event is the answer's when the frame that raised it, passing over the frames of
-    :data:`MECHANISMS`, is untrusted."""
-    import _thread
-    import threading
-
-    library = _library_dirs()
-    loaded = set(sys.modules)
-    getframe, write = sys._getframe, os.write
-    busy, reported = [False], set()
-    untrusted = {"<answer>"}
-
-    def culprit(depth: int, skip=MECHANISMS) -> str:
-        """The untrusted file whose code raised the event ``depth`` frames up, or ""."""
-        frame = getframe(depth + 1)
-        while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in skip:
-            frame = frame.f_back
-        return frame.f_code.co_filename if frame is not None and frame.f_code.co_filename in untrusted else ""
-
-    def running_untrusted() -> bool:
-        """Whether untrusted code is anywhere between the event and the nearest trusted frame."""
-        frame = getframe(2)
-        while frame is not None:
-            name = frame.f_code.co_filename
-            if name in untrusted or name in trusted:
-                return name in untrusted
-            frame = frame.f_back
-        return False
-
-    def report(event: str, where: str) -> None:
-        if (current[0], event, where) not in reported:
-            reported.add((current[0], event, where))
-            with contextlib.suppress(OSError):
-                write(fd, (json.dumps({"event": f"{event} in {where}", "name": current[0]}) + "\n").encode())
-
-    def refuse(event: str, where: str) -> None:
-        if where:
-            report(event, where)
-            message = f"{event} is not allowed while an answer is graded"
-            # CPython cancels a new audit hook, silently, only on a RuntimeError
-            raise RuntimeError(message) if event == "sys.addaudithook" else PermissionError(message)
-
-    def hook(event: str, args) -> None:
-        if busy[0]:
-            return
-        busy[0] = True
-        try:
-            if event.startswith("marshal.load"):  # importlib reads installed bytecode with it
-                refuse(event, culprit(1, skip=()))
-            elif event in REFUSED or event.startswith(REFUSED_PREFIXES) or (
-                    event == "object.__getattr__" and str(args[1]).endswith("_frame")):  # tb_frame, gi_frame
-                refuse(event if event != "object.__getattr__" else f"reading {args[1]}", culprit(1))
-            elif event == "import" and args[0] in loaded and args[0] not in sys.modules:
-                refuse(f"importing {args[0]} again", culprit(1))
-            elif event == "open" and _raw_memory(args[0]):  # whoever opens it: the answer is running
-                refuse(f"reading raw memory ({os.fsdecode(args[0])[-40:]})", culprit(1) or "a library")
-            elif event == "open" and isinstance(args[0], (str, bytes)) and _is_code_file(args[0], library):
-                refuse(f"loading code from {os.fsdecode(args[0])[-80:]}", culprit(1))
-            elif event == "import":
-                where = culprit(1)
-                if where and args[0].split(".")[0] in SUSPICIOUS_IMPORTS:
-                    report(f"import of {args[0]}", where)
-            elif event in ("exec", "compile"):  # importing a module compiles and runs it: not the answer's
-                where = culprit(1, skip=MECHANISMS - IMPORT_MACHINERY)
-                if event == "compile" and isinstance(args[1], (str, bytes)):
-                    name = os.fsdecode(args[1])
-                    if where or running_untrusted() and not os.path.realpath(name).startswith(library):
-                        untrusted.add(name)  # what it compiles is the answer's code too
-                if where:
-                    report(event, where)
-        finally:
-            busy[0] = False
-
-    def guarded(name: str, original):
-        def call(*args, **kwargs):
-            refuse(name, culprit(1))
-            return original(*args, **kwargs)
-        return call
-
-    sys.addaudithook(hook)
-    for module, names in ((_thread, ("start_new_thread", "start_new", "start_joinable_thread")),
-                          (threading, ("_start_new_thread", "_start_joinable_thread")),
-                          (signal, ("signal", "setitimer", "alarm", "set_wakeup_fd", "pthread_kill")),
-                          (sys.modules.get("_signal"), ("signal", "setitimer", "alarm", "set_wakeup_fd"))):
-        for name in names:
-            if module is not None and hasattr(module, name):
-                setattr(module, name, guarded(f"{module.__name__}.{name}", getattr(module, name)))
 
 
 # --- the key and the judge ------------------------------------------------------------------------
@@ -654,6 +570,8 @@ def judge(key: list[dict], result) -> str | None:
                 f"the tests stopped before this check: {want['what']}")
         got = record[i]
         if not isinstance(got, dict) or got.get("kind") != want["kind"] or "actual" not in got:
+            if error:  # what the answer raised sent the tests elsewhere (a check's block left early)
+                return f"the tests stopped: {error}"
             return f"the tests took another path with this answer, at: {want['what']}"
         try:
             actual = wire.decode(got["actual"])

@@ -223,3 +223,19 @@ def test_float64_copies_leave_the_originals_alone():
     assert copies["n"] == 4
     a = torch.randn(2, generator=checks.rng(5))
     assert torch.equal(a, torch.randn(2, generator=checks.rng(5)))
+
+
+def test_torch_compile_runs_as_written_inside_forbidding_and_its_calls_are_seen():
+    """Dynamo cannot trace under forbidding's profile hook and torch-function mode; the compiled
+    function runs eagerly there instead, so an answer using torch.compile works, and what it calls
+    is watched like any other call."""
+    def answer(x):
+        return torch.compile(lambda t: t.softmax(-1))(x)
+
+    x = torch.randn(3)
+    with checks.forbidding([torch.nn.utils.clip_grad_norm_], "no clipping"):
+        out = answer(x)
+    torch.testing.assert_close(out, x.softmax(-1))
+    with pytest.raises(AssertionError, match="called Tensor.softmax"):
+        with checks.forbidding([torch.Tensor.softmax], "no softmax"):
+            answer(x)

@@ -154,6 +154,27 @@ def test_moodle_export_gives_one_row_per_student_and_an_exact_manifest(tmp_path)
         (grading / "collected" / f"{CHAPTER}.json").read_text())
 
 
+def test_a_name_holding_a_slash_keeps_its_lms_id(tmp_path):
+    """``<b>Xss</b> =1+1``: the ``/`` cuts the entry into folders; the student keeps the whole name
+    and the id, as a flat file and as a Moodle folder, and a Canvas-looking file in an ordinary
+    student folder still belongs to the folder."""
+    moodle = "_assignsubmission_file_"
+    export = make_zip(tmp_path / "moodle.zip", [
+        (f"<b>Xss</b> =1+1_1234{moodle}nb.ipynb", b"1", None),
+        (f"A/B_77{moodle}/work/nb.ipynb", b"2", None),
+        (f"Jane Doe_5678{moodle}nb.ipynb", b"3", None),
+        ("alice/hw_1_2_final.ipynb", b"4", None),
+    ])
+    grading = tmp_path / "grading"
+    collect.collect(CHAPTER, export, grading)
+    rows = collect.manifest(CHAPTER, grading)["students"]
+    assert {k: (row["name"], row["lms_id"]) for k, row in rows.items()} == {
+        "bXssb_11_1234": ("<b>Xss</b> =1+1", "1234"), "AB_77": ("A/B", "77"),
+        "Jane_Doe_5678": ("Jane Doe", "5678"), "alice": ("alice", None)}
+    assert {k: submitted(grading, k).read_bytes() for k in rows} == {
+        "bXssb_11_1234": b"1", "AB_77": b"2", "Jane_Doe_5678": b"3", "alice": b"4"}
+
+
 def test_non_latin_names_stay_readable_and_colliding_folders_stay_apart(tmp_path):
     moodle = "_assignsubmission_file_"
     export = make_zip(tmp_path / "moodle.zip", [
@@ -254,6 +275,24 @@ def test_latest_notebooks_of_one_time_that_differ_are_a_problem_not_a_guess(tmp_
                                          board.format("ann", "a")]
     assert rows["max"]["problem"].startswith(f"{collect.MAX_TIED + 1} notebooks submitted at the same")
     assert f"and 6 more), more than {collect.MAX_TIED}: remove" in rows["max"]["problem"]
+
+
+def test_file_names_that_are_not_utf8_are_collected_and_written(tmp_path):
+    """Names in Latin-1 (``café`` with the byte 0xE9) reach Python as lone surrogates, which no
+    UTF-8 file takes: each student gets a row, the manifest is written and the report printed."""
+    source = os.fsencode(tmp_path / "in")
+    for folder, name, data in [(b"caf\xe9_1234_assignsubmission_file_", b"nb.ipynb", b"{}"),
+                               (b"bob", b"notes \xff.txt", b"x")]:
+        os.makedirs(source + b"/" + folder)
+        with open(source + b"/" + folder + b"/" + name, "wb") as f:
+            f.write(data)
+    grading = tmp_path / "grading"
+    report = collect.collect(CHAPTER, tmp_path / "in", grading)
+    rows = collect.manifest(CHAPTER, grading)["students"]
+    assert {k: (row["name"], row["lms_id"]) for k, row in rows.items()} == {
+        "caf_1234": ("caf\ufffd", "1234"), "bob": ("bob", None)}
+    assert "  bob: no notebook in the submission (found: notes \ufffd.txt)" in report.lines()
+    assert submitted(grading, "caf_1234").read_text() == "{}"
 
 
 def test_folder_export_never_reads_links_fifos_or_sockets(tmp_path):

@@ -25,7 +25,7 @@ from nbconvert import HTMLExporter
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output, new_raw_cell
 from traitlets.config import PyFileConfigLoader
 
-from course_lib.grading import config, notebook
+from course_lib.grading import config, feedback, notebook
 from course_lib.grading.feedback import (
     REDACTED,
     HideTests,
@@ -34,6 +34,7 @@ from course_lib.grading.feedback import (
     literal_markdown,
     removed_note,
     squash,
+    student_markdown,
 )
 from tests.conftest import ROOT
 
@@ -226,7 +227,7 @@ def test_nbgraders_generate_feedback_with_the_course_configuration(tmp_path):
     autograded_path = course / "grading" / "autograded" / "alice" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
     autograded_path.parent.mkdir(parents=True)
     submission = autograded()
-    submission.cells.append(nbformat.from_dict(dict(written, source="Because + does.")))
+    submission.cells.append(nbformat.from_dict(dict(written, source="**Because** + does <b>so</b>.")))
     nbformat.write(submission, str(autograded_path))
     _nbgrader("generate_feedback", course)
     page = (course / "grading" / "feedback" / "alice" / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
@@ -240,7 +241,9 @@ def test_nbgraders_generate_feedback_with_the_course_configuration(tmp_path):
     assert re.search(r">ex_add: tests</a> \(Score: 0\.0 / 2\.0\)", toc), toc
     assert re.search(r">ex_why: written answer</a> \(not graded yet, 2\.0 points\)", toc), toc
     assert "2.0 points not graded yet" in page.split('<div id="toc">', 1)[0]
-    assert "Because + does." in page
+    # The written answer is rendered as Markdown, its raw HTML shown as text.
+    assert "<p><strong>Because</strong> + does &lt;b&gt;so&lt;/b&gt;.</p>" in page
+    _assert_offline_and_wrapping(page)
 
 
 def test_the_configuration_sanitises_right_after_the_sandboxed_run():
@@ -248,3 +251,87 @@ def test_the_configuration_sanitises_right_after_the_sandboxed_run():
     steps = [pp.__name__ for pp in cfg.Autograde.autograde_preprocessors]
     assert steps[:2] == ["SandboxedExecute", "SanitizeOutputs"]
     assert [pp.__name__ for pp in cfg.GenerateFeedback.preprocessors][:2] == ["SanitizeOutputs", "HideTests"]
+
+
+# --- The page: offline, wrapped, bounded --------------------------------------------------------
+
+
+def _assert_offline_and_wrapping(page: str) -> None:
+    """No script, style sheet or image from the network (MathJax came from a CDN), and long lines
+    in outputs wrap (an error message was cut at about 150 characters)."""
+    assert not re.search(r"<(script|img|iframe)\b[^>]*\bsrc=[\"']?\s*(https?:)?//", page, flags=re.I)
+    assert not re.search(r"<link\b[^>]*\bhref=[\"']?\s*(https?:)?//", page, flags=re.I)
+    assert not re.search(r"@import|url\(\s*[\"']?(https?:)?//", page, flags=re.I)
+    assert "cdnjs" not in page and "MathJax.Hub" not in page
+    assert re.search(r"div\.output_area pre[^{]*\{[^}]*white-space: pre-wrap; overflow-wrap: anywhere", page)
+
+
+def _course_page(nb, resources) -> str:
+    """The page as generate_feedback renders it: the course's template and configuration."""
+    import nbgrader
+
+    cfg = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config()
+    cfg.HTMLExporter.extra_template_paths = [  # where generate_feedback finds bootstrap.min.css
+        os.path.join(os.path.dirname(nbgrader.__file__), "server_extensions", "formgrader", "static",
+                     "node_modules", "bootstrap", "dist", "css")]
+    for cell in nb.cells:  # what NameGrades reads from the gradebook
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("grade"):
+            meta.update(score=0.0, points=meta.get("points", 0.0), pending=False)
+    info = {"notebook": ASSIGNMENT, "score": 0.0, "max_score": 2.0, "late_penalty": 0.0}
+    resources["nbgrader"] = {**resources.get("nbgrader", {}), **info}
+    page, _ = HTMLExporter(config=cfg).from_notebook_node(nb, resources=resources)
+    return page
+
+
+def _feedback_with_resources(nb):
+    resources = _resources()
+    for pp in (SanitizeOutputs(), HideTests()):
+        nb, resources = pp.preprocess(nb, resources)
+    return nb, resources
+
+
+def test_the_course_page_is_offline_wraps_and_renders_written_text_inert():
+    nb, resources = _feedback_with_resources(autograded())
+    nb.cells.append(new_markdown_cell("$\\sqrt{d}$"))  # the instructor's math: TeX, as written
+    page = _course_page(nb, resources)
+    _assert_safe_feedback(page)
+    _assert_offline_and_wrapping(page)
+    assert "<p>My &lt;script&gt;alert('md')&lt;/script&gt; and [a link](javascript:alert('link'))</p>" in page
+    assert "$\\sqrt{d}$" in page
+
+
+def test_a_students_written_markdown_renders_without_html_images_or_script_links():
+    assert student_markdown("**Because** <b>x</b>") == "<p><strong>Because</strong> &lt;b&gt;x&lt;/b&gt;</p>\n"
+    assert student_markdown("- a\n- `<i>`") == "<ul>\n<li>a</li>\n<li><code>&lt;i&gt;</code></li>\n</ul>\n"
+    # an image is not loaded (offline, no tracking pixel): a "!" and a link remain
+    assert student_markdown("![x](http://tracker/p.png)") == '<p>!<a href="http://tracker/p.png">x</a></p>\n'
+    assert student_markdown("[x](javascript:alert(1))") == "<p>[x](javascript:alert(1))</p>\n"
+
+
+def test_huge_outputs_are_cut_and_say_how_much(monkeypatch):
+    """Cells that raised 50 MB errors made a 200 MB page."""
+    huge = "x" * 50_000_000
+    answer = new_code_cell("raise ValueError(...)")
+    answer.outputs = [
+        new_output("error", ename="ValueError", evalue=huge, traceback=["ValueError: " + huge]),
+        new_output("stream", name="stdout", text="y" * 20_005),
+        _display({"image/png": "A" * 3_000_000}),
+    ]
+    nb, resources = _feedback_with_resources(new_notebook(cells=[answer]))
+    error, stream, image = nb.cells[0].outputs
+    assert error.evalue == "x" * 20_000 + "\n... 49,980,000 more characters not shown"
+    assert error.traceback == ["ValueError: " + "x" * 19_988 + "\n... 49,980,012 more characters not shown"]
+    assert stream.text == "y" * 20_000 + "\n... 5 more characters not shown"
+    assert image.data == {"text/plain": "[image not shown: 3,000,000 characters, more than the 2,000,000 "
+                                        "a feedback page keeps per image]"}
+    page = _course_page(nb, resources)
+    assert len(page) < 500_000 and "49,980,012 more characters not shown" in page  # the traceback shows
+    # The page as a whole: once its outputs fill it, the next output is a note.
+    monkeypatch.setattr(feedback, "MAX_PAGE_CHARS", 25)
+    small = new_code_cell("print(...)")
+    small.outputs = [new_output("stream", name="stdout", text=c * 10) for c in "abc"]
+    nb, _ = _feedback_with_resources(new_notebook(cells=[small]))
+    assert [o.text for o in nb.cells[0].outputs] == ["a" * 10, "b" * 10, (
+        "[output not shown: 10 characters, more than the page has left of the 25 characters "
+        "of output a feedback page keeps]\n")]

@@ -24,7 +24,6 @@ PATTERNS = {
     "ip = get_ipython()": "get_ipython",
     "import gc\ngc.collect()": "imports gc",
     "import ctypes": "imports ctypes",
-    "from inspect import currentframe": "imports inspect",
     "import threading": "threads",
     "x = __import__('ctypes')": "imports ctypes",
     "import sys\nf = sys._getframe()": "frames",
@@ -54,9 +53,6 @@ PATTERNS = {
     "setattr(torch, 'equal', None)": "setattr on torch",
     "del torch.equal": "deletes torch.equal",
     "vars(attention)['causal_mask'] = None": "assigns",
-    "def causal_mask(S):\n    return attention.causal_mask(S)": "calls course_lib reference causal_mask",
-    "from course_lib.attention import causal_mask": "imports course_lib reference causal_mask",
-    "def causal_mask(S):\n    return getattr(attention, 'causal_mask')(S)": "course_lib reference",
     "def causal_mask(S):\n  return (": flags.NOT_PARSED,
 }
 
@@ -74,6 +70,17 @@ def test_plain_answers_and_other_exercises_references_are_not_flagged():
               "    out = attention.scaled_dot_product_attention\n"
               "    x = torch.ones(2)\n    x.grad = None\n"
               "    return torch.ones(S, Sk, dtype=torch.bool).tril(Sk - S)")
+    assert flags.flags(_notebook(honest)) == []
+
+
+@pytest.mark.parametrize("honest", [
+    "import inspect\ndef causal_mask(S):\n    return torch.ones(S, S).triu(1).bool()",  # an import alone
+    "def causal_mask(S):\n    data = b'x'\n    data.decode()\n    return torch.ones(S, S).triu(1).bool()",
+    "def causal_mask(S):\n    return attention.causal_mask(S)",  # what ran decides: the graded run's guard
+])
+def test_what_reading_cannot_decide_is_not_flagged(honest):
+    """A local named like a course_lib module, an import alone, or a call the graded run observes by
+    identity (course_lib.grading.guard) is no flag of the reading."""
     assert flags.flags(_notebook(honest)) == []
 
 

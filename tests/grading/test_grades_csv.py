@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.grading import collect, config, failures, grade, nbgrader_cli
+from course_lib.grading import collect, config, failures, grade, gradebook, nbgrader_cli, safe_text
 from tests.conftest import CHAPTERS, ROOT
 
 CHAPTER = CHAPTERS[0]
@@ -21,11 +21,11 @@ CHAPTER = CHAPTERS[0]
 
 @pytest.mark.parametrize("text, safe", [
     ("=2+5", "'=2+5"), ("@SUM(1+9)", "'@SUM(1+9)"), ("-1+2", "'-1+2"), ("+1", "'+1"),
-    ("\tx", "'\tx"), ("\r=1", "'\r=1"), ("Jane Doe", "Jane Doe"), ("a=1", "a=1"), ("", ""),
+    ("\tx", "'\tx"), ("\r=1", "'\r=1"), ("  =1", "'  =1"), ("Jane Doe", "Jane Doe"), ("a=1", "a=1"), ("", ""),
     (-1.5, -1.5), (0.0, 0.0), (None, None),
 ])
 def test_formula_like_text_is_neutralised_and_numbers_stay_numbers(text, safe):
-    assert grade.spreadsheet_safe(text) == safe
+    assert safe_text.spreadsheet_safe(text) == safe
 
 
 def test_every_text_cell_of_grades_csv_is_safe(tmp_path, monkeypatch):
@@ -39,16 +39,51 @@ def test_every_text_cell_of_grades_csv_is_safe(tmp_path, monkeypatch):
     grading = tmp_path / "grading"
     students = sorted(collect.collect(CHAPTER, export, grading).students)
     record = {s: {"problem": "\tx", "notes": ["+1 repaired"], "flags": ["@A1;=1+2"]} for s in students}
-    path = grade.write_grades_csv(CHAPTER, students, grading, record)
+    path = gradebook.write_grades_csv(CHAPTER, students, grading, record)
     with path.open(encoding="utf-8", newline="") as f:
         rows = {row["lms_id"]: row for row in csv.DictReader(f)}
     assert {k: row["name"] for k, row in rows.items()} == {k: "'" + name for k, name in names.items()}
     assert rows["1003"]["student"] == "'-12_1003"  # a folder name may start with "-" too
     for row in rows.values():
-        assert not [v for v in row.values() if v.startswith(grade.FORMULA_START)], row
-        assert (row["problem"], row["notes"], row["flags"]) == ("'\tx", "'+1 repaired", "'@A1;=1+2")
+        assert not [v for v in row.values() if v.lstrip().startswith(safe_text.FORMULA_START)], row
+        # the tab is a space (one readable line), and a space before no formula needs no quote
+        assert (row["problem"], row["notes"], row["flags"]) == (" x", "'+1 repaired", "'@A1;=1+2")
     line = next(t for t in path.read_text(encoding="utf-8").splitlines() if "1003" in t)
     assert line.startswith('"\'-12_1003","\'-1+2","1003",') and ",0.0,0.0," in line  # numbers unquoted
+
+
+def test_each_chapter_keeps_its_table_and_the_gradebook_joins_them(tmp_path, monkeypatch):
+    """Grading a second chapter leaves the first's table; gradebook.csv has a row per student and a
+    column per chapter and exercise, numbers unquoted, empty where a student has no row."""
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    first, second = CHAPTERS[0], CHAPTERS[1]
+    grading = tmp_path / "grading"
+    grading.mkdir()
+    for chapter, students in ((first, ["amy", "bob"]), (second, ["bob"])):
+        record = {s: {"problem": "the notebook is empty", "notes": [], "flags": []} for s in students}
+        assert gradebook.write_grades_csv(chapter, students, grading, record) == (
+            grading / "grades" / f"{chapter}.csv")
+    assert sorted(p.name for p in (grading / "grades").iterdir()) == [f"{first}.csv", f"{second}.csv"]
+    # Two small tables by hand (one exercise, one written question each), then joined.
+    (grading / "grades" / f"{first}.csv").write_text(
+        '"student","name","lms_id","chapter","ex_a","q_why","autograded","autograded_max","total","max",'
+        '"problem","notes","flags"\n'
+        f'"amy","Amy","11","{first}",2.0,"",2.0,3.0,2.0,5.0,"","",""\n'
+        f'"\'=bob","\'=Bob","12","{first}",0.0,1.0,0.0,3.0,1.0,5.0,"","",""\n', encoding="utf-8")
+    (grading / "grades" / f"{second}.csv").write_text(
+        '"student","name","lms_id","chapter","ex_b","autograded","autograded_max","total","max",'
+        '"problem","notes","flags"\n'
+        f'"\'=bob","\'=Bob","12","{second}",4.0,4.0,4.0,4.0,4.0,"","",""\n', encoding="utf-8")
+    path = gradebook.write_combined(grading)
+    assert path == grading / "gradebook.csv"
+    columns = [f"{c}:{n}" for c, names in ((first, ["ex_a", "q_why"]), (second, ["ex_b"]))
+               for n in [*names, "autograded", "autograded_max", "total", "max"]]
+    header = ",".join(f'"{c}"' for c in ["student", "name", "lms_id", *columns])
+    assert path.read_text(encoding="utf-8").splitlines() == [
+        header,
+        '"\'=bob","\'=Bob","12",0.0,1.0,0.0,3.0,1.0,5.0,4.0,4.0,4.0,4.0,4.0',
+        '"amy","Amy","11",2.0,"",2.0,3.0,2.0,5.0,"","","","",""',
+    ]
 
 
 def test_a_grader_failure_names_its_cause_in_words_without_host_paths(tmp_path):

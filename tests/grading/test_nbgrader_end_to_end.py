@@ -49,7 +49,7 @@ def graded(tmp_path_factory):
         cwd=ROOT, capture_output=True, text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    with (grading / "grades.csv").open() as f:
+    with (grading / "grades" / f"{CHAPTER}.csv").open() as f:
         rows = {row["student"]: row for row in csv.DictReader(f)}
     return grading, rows, mutant
 
@@ -135,10 +135,10 @@ def test_feedback_is_written_for_every_student(graded):
 
 def test_summary_per_exercise_as_text_and_plot(graded):
     grading, rows, _ = graded
-    text = (grading / "summary.txt").read_text()
+    text = (grading / "grades" / f"{CHAPTER}-summary.txt").read_text()
     for name in _points():
         assert name in text
-    assert (grading / "summary.png").read_bytes()[:4] == b"\x89PNG"
+    assert (grading / "grades" / f"{CHAPTER}-summary.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_manual_grades_reach_the_csv_after_export(graded):
@@ -158,7 +158,7 @@ def test_manual_grades_reach_the_csv_after_export(graded):
         ["make", "-o", ".venv/.installed", "export", f"CHAPTER={CHAPTER}", f"GRADING={grading}",
          f"PY={sys.executable}"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    with (grading / "grades.csv").open() as f:
+    with (grading / "grades" / f"{CHAPTER}.csv").open() as f:
         rows = {row["student"]: row for row in csv.DictReader(f)}
     assert float(rows["perfect"][written[0]]) == max_written
     assert float(rows["perfect"]["total"]) == sum(_points().values()) + max_written

@@ -321,3 +321,20 @@ def test_only_outputs_come_back_from_the_worker_and_never_points_or_cells():
     nbformat.validate(executed)
     executed, note = sandbox._with_outputs(submitted, "{not json", tests)
     assert "no readable notebook" in note and all(c.get("outputs", []) == [] for c in executed.cells)
+
+
+@pytest.mark.parametrize("fail_borrowed", [False, True])
+def test_a_borrowed_reference_is_flagged_or_failed_as_the_instructor_chose(fail_borrowed):
+    nb = _notebook()
+    test = nbformat.v4.new_code_cell("")
+    test.metadata["nbgrader"] = {"grade": True, "grade_id": "ex_a" + config.TEST_SUFFIX, "points": 1}
+    nb.cells.append(test)
+    event = "called course_lib's course_lib.m.a, this exercise's reference in the graded run"
+    report = sandbox._judge_cells(nb, {"ex_a": []}, {"ex_a": {"checks": [], "error": None, "events": [event]}},
+                                  None, [], fail_borrowed=fail_borrowed)
+    assert report["flags"] == [f"ex_a: {event}"]
+    (out,) = test.outputs
+    if fail_borrowed:
+        assert out.output_type == "error" and "runs course_lib's own reference" in out.evalue
+    else:
+        assert out.text == "ex_a: all tests passed\n"

@@ -1,5 +1,6 @@
 """Grading a class in shares, ``grade --shard K/N`` on N machines then ``merge``, writes exactly
-what one run writes (grades.csv, problems, notes and flags, feedback), and a share graded again
+what one run writes (the chapter's grades CSV, the combined gradebook, problems, notes and flags,
+feedback), and a share graded again
 touches no other share."""
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def test_merged_shares_write_exactly_what_one_run_writes(graded):
     for k in (1, 2, 3):
         part = json.loads((grade.shard_dir(CHAPTER, shared, k, 3) / "graded" / f"{CHAPTER}.json").read_text())
         assert sorted(part) == sorted(s for s, share in SHARES.items() if share == k)
-    assert (shared / "grades.csv").read_text() == (one / "grades.csv").read_text()
+    for table in (f"grades/{CHAPTER}.csv", "gradebook.csv", f"grades/{CHAPTER}-summary.txt"):
+        assert (shared / table).read_text() == (one / table).read_text()
     record = json.loads((one / "graded" / f"{CHAPTER}.json").read_text())
     assert json.loads((shared / "graded" / f"{CHAPTER}.json").read_text()) == record
     assert record["eve"]["problem"] == "the notebook is empty" and not record["cat"]["problem"]
@@ -89,7 +91,8 @@ def test_a_share_graded_again_touches_no_other_and_merge_waits_for_every_share(g
     _cli("grade", CHAPTER, "--grading-dir", str(shared), "--shard", "2/3")
     assert {k: _fingerprint(grade.shard_dir(CHAPTER, shared, k, 3)) for k in (1, 3)} == others
     _cli("merge", CHAPTER, "--grading-dir", str(shared))
-    assert (shared / "grades.csv").read_text() == (one / "grades.csv").read_text()
+    table = Path("grades") / f"{CHAPTER}.csv"
+    assert (shared / table).read_text() == (one / table).read_text()
     (grade.shard_dir(CHAPTER, shared, 3, 3) / "graded" / f"{CHAPTER}.json").unlink()  # share 3 stopped
     proc = _cli("merge", CHAPTER, "--grading-dir", str(shared), ok=False)
     assert "Shares 3/3 of" in proc.stderr and f"grade {CHAPTER} --shard K/3" in proc.stderr

@@ -155,6 +155,17 @@ def test_a_missing_late_malformed_or_reordered_record_fails(forge):
     assert verdicts.judge(key, forge(good)) is not None
 
 
+def test_an_error_raised_inside_a_checks_block_is_said_with_its_line():
+    """A block that records at its end (checks.forbidding) records before the error propagates:
+    the record takes another path than the key's, and the verdict says the error, not the path."""
+    tests = "x = torch.tensor([-1.0, 2.0])\nwith checks.forbidding([torch.sort], 'no sort'):\n" \
+            "    checks.assert_close(f(x), x.abs(), 'f(x)')"
+    key, record = _key_and_record("def f(x):\n    return x.abs()\n", tests)
+    _, broken = _key_and_record("def f(x):\n    return x.nope()\n", tests)
+    assert verdicts.judge(key, record) is None
+    assert verdicts.judge(key, broken) == "the tests stopped: AttributeError: 'Tensor' object has no attribute 'nope'"
+
+
 def test_a_failed_observation_is_reported_in_the_graded_runs_words():
     key, record = _key_and_record("def f(x):\n    return -x.abs()\n",
                                   "x = torch.tensor([-1.0, 2.0])\nassert f(x).sum() > 0, f'sum of {f(x).tolist()}'")
@@ -190,7 +201,8 @@ ATTACKS = {
     "ctypes": "import ctypes\ndef f(x):\n    ctypes.pythonapi.Py_IsInitialized()\n    return x.abs()\n",
     "a trace function": "import sys\nsys.settrace(lambda *a: None)\ndef f(x):\n    return x.abs()\n",
     "an audit hook": "import sys\nsys.addaudithook(lambda *a: None)\ndef f(x):\n    return x.abs()\n",  # cancelled
-    "a thread": "import threading\nthreading.Thread(target=print).start()\ndef f(x):\n    return x.abs()\n",
+    "frames in a thread": "import sys, threading\nthreading.Thread(target=lambda: sys._getframe()).start()\n"
+                          "def f(x):\n    return x.abs()\n",
     "a signal handler": "import signal\nsignal.signal(signal.SIGALRM, print)\ndef f(x):\n    return x.abs()\n",
     "a code swap": "def f(x):\n    return x.abs()\ndef g(x):\n    return x\nf.__code__ = g.__code__\n",
     "code under a library's name": "def f(x):\n    return x.abs()\n"
@@ -202,6 +214,9 @@ ATTACKS = {
 }
 
 
+ANSWERS_IN_A_THREAD = ("import concurrent.futures\ndef f(x):\n"
+                       "    with concurrent.futures.ThreadPoolExecutor(1) as pool:\n"
+                       "        return pool.submit(torch.abs, x).result()\n")
 HIDDEN = base64.b64encode(b"import sys\nframe = sys._getframe(0)").decode()
 STEAL = ("import course_lib.grading.checks as c\nreal = c.assert_close\n"
          "c.assert_close = lambda a, e, *r, **k: real(e, e, *r, **k)\ndef f(x):\n    return x\n")
@@ -211,6 +226,17 @@ OTHERS = {
     "honest": ("import collections, dataclasses, functools\nP = collections.namedtuple('P', 'a b')\n"
                "@dataclasses.dataclass\nclass C:\n    a: int = 1\n"
                "@torch.no_grad()\n@functools.lru_cache\ndef g(n):\n    return n\n" + HONEST),
+    "honest tools": ("import traceback, concurrent.futures\n"
+                     "try:\n    1 / 0\nexcept ZeroDivisionError:\n    traceback.print_exc()\n"
+                     "    text = traceback.format_exc()\n"
+                     "%timeit -n 1 -r 1 sum(range(10))\n"
+                     "@torch.jit.script\ndef g(x: torch.Tensor) -> torch.Tensor:\n    return x.abs()\n"
+                     "def f(x):\n    return g(x)\n"),
+    "a thread pool": ("import concurrent.futures\ndef f(x):\n"
+                      "    with concurrent.futures.ThreadPoolExecutor(2) as pool:\n"
+                      "        return torch.stack(list(pool.map(torch.abs, x)))\n"),
+    "frames through logging": "import logging\ndef f(x):\n    logging.currentframe().f_back\n    return x.abs()\n",
+    "another magic": "%pip install nothing\n" + HONEST,
     "raw memory through a library": "import pathlib\ndef f(x):\n    pathlib.Path('/proc/self/mem').read_bytes()\n"
                                     "    return x.abs()\n",
     "printed record": f"print({json.dumps({'name': 'printed record', 'result': {'checks': [], 'error': None}})!r})\n"
@@ -226,7 +252,8 @@ def attacked():
 @pytest.mark.parametrize("name", list(ATTACKS))
 def test_introspection_is_refused_to_the_answer_and_reported(attacked, name):
     problem, events = attacked[name]
-    if name != "an audit hook":  # CPython does not add the hook, and says nothing to the caller
+    # CPython does not add the hook, and says nothing to the caller; a thread's error stays its own
+    if name not in ("an audit hook", "frames in a thread"):
         assert problem is not None and "not allowed while an answer is graded" in problem, problem
     assert events and all("<answer>" in e for e in events), events
 
@@ -239,6 +266,26 @@ def test_code_hidden_in_a_base64_exec_is_the_answers_and_is_reported(attacked):
 
 def test_an_honest_answer_passes_with_no_event_even_using_libraries_that_introspect(attacked):
     assert attacked["honest"] == (None, [])
+
+
+@pytest.mark.parametrize("name", ["honest tools", "a thread pool"])
+def test_ordinary_tools_work_in_a_graded_run(attacked, name):
+    assert attacked[name] == (None, [])
+
+
+def test_a_thread_is_refused_inside_a_check_of_what_the_answer_calls():
+    tests = "x = torch.tensor([-1.0, 2.0])\nwith checks.forbidding([torch.sort], 'no sort'):\n    y = f(x)\n" + TESTS
+    problem, events = _graded(ANSWERS_IN_A_THREAD, tests)
+    assert "a thread, in a check of what the answer calls" in problem and events, (problem, events)
+
+
+def test_frames_from_a_library_that_hands_them_out_are_refused(attacked):
+    problem, events = attacked["frames through logging"]
+    assert "sys._getframe is not allowed" in problem and events == ["sys._getframe in <answer>"], events
+
+
+def test_a_magic_other_than_timing_fails_with_words_that_say_so(attacked):
+    assert "magic %pip is not run by the grader" in attacked["another magic"][0]
 
 
 def test_an_answer_that_copies_the_expected_value_has_none_to_copy(attacked):
@@ -305,3 +352,49 @@ def test_what_comes_out_of_a_sandbox_is_read_up_to_a_cap():
     out, failure, _ = sandbox._confined([sys.executable, "-c", "import sys; print(sys.stdin.read()[::-1])"],
                                         "abc", limits, sandboxed=False, cwd=None)
     assert (out, failure) == ("cba\n", None)
+
+
+BORROWED_TESTS = "checks.assert_close(causal_mask(3), torch.ones(3, 3).triu(1).bool(), 'causal_mask(3)')"
+BORROWERS = {
+    "spelled at run time": "import importlib\n_m = importlib.import_module('course_lib.' + 'attention')\n"
+                           "causal_mask = getattr(_m, 'causal' + '_mask')\n",
+    "renamed": "import functools\nfrom course_lib import attention as _a\n"
+               "causal_mask = functools.partial(_a.causal_mask)\n",
+    "called inside": "from course_lib import attention as _a\n"
+                     "def causal_mask(n):\n    return _a.causal_mask(n)\n",
+    "only when graded": "import sys\nfrom course_lib import attention as _a\n"
+                        "def causal_mask(n):\n    if 'IPython' not in sys.modules or not sys.stdout.isatty():\n"
+                        "        return _a.causal_mask(n)\n    raise NotImplementedError\n",
+    "its code read": "from course_lib import attention as _a\n_c = _a.causal_mask.__code__\n"
+                     "def causal_mask(n):\n    return torch.ones(n, n).triu(1).bool()\n",
+    "honest": "def causal_mask(n):\n    return torch.ones(n, n).triu(1).bool()\n",
+}
+
+
+@pytest.fixture(scope="module")
+def borrowed():
+    req = {"recording": True, "timeout": 30, "setup": SETUP + ["from course_lib import attention"],
+           "exercises": [{"name": "ex_causal_mask", "names": ["causal_mask"], "answer": answer,
+                          "tests": verdicts.answer_side(BORROWED_TESTS)} for answer in BORROWERS.values()]}
+    # one runner per answer: each exercise of a request needs its own name
+    out = {}
+    for label, ex in zip(BORROWERS, req["exercises"], strict=True):
+        out[label] = verdicts.run_elsewhere(dict(req, exercises=[ex]), 300)["ex_causal_mask"]
+    return out
+
+
+@pytest.mark.parametrize("label", ["spelled at run time", "renamed", "called inside", "only when graded"])
+def test_a_call_of_the_exercises_own_reference_is_seen_whatever_its_spelling(borrowed, label):
+    result = borrowed[label]
+    assert result["error"] is None  # flagged, not failed: the instructor reads the flag
+    assert "course_lib's course_lib.attention.masks.causal_mask" in result["events"][-1], result["events"]
+    assert all("this exercise's reference" in e for e in result["events"]), result["events"]
+
+
+def test_the_reference_code_is_out_of_reach_and_an_honest_answer_is_not_flagged(borrowed):
+    assert "reading a reference's code is not allowed" in borrowed["its code read"]["error"]
+    assert borrowed["honest"]["events"] == [] and borrowed["honest"]["error"] is None
+
+
+def test_the_reference_given_as_the_answer_is_seen_by_identity(borrowed):
+    assert any("as the answer's causal_mask" in e for e in borrowed["renamed"]["events"]), borrowed["renamed"]

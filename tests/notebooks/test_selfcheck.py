@@ -183,9 +183,9 @@ def test_a_cell_past_the_limit_fails_by_name_and_the_next_exercise_still_runs(tm
     assert results[0].detail == "your solution: the cell ran past its limit of 3 CPU seconds"
 
 
-def test_an_answer_that_uses_a_helper_from_another_cell_passes_with_a_warning(tmp_path):
-    """The grader runs each answer with the set-up cells only, so the helper will be missing
-    there: the self-check says so instead of a plain PASS."""
+def test_an_answer_that_uses_a_helper_from_another_cell_fails_as_it_does_for_the_grader(tmp_path):
+    """The grader runs each answer with the set-up cells only, so the helper is missing there: the
+    self-check runs it the same way and says FAIL, with the grader's words and the reason."""
     borrowing = ("double", "def double(x):\n    return times(x, 2)", DOUBLE_TEST)
     path = _notebook(tmp_path / "nb.ipynb", borrowing)
     nb = notebook.read(path)
@@ -193,10 +193,24 @@ def test_an_answer_that_uses_a_helper_from_another_cell_passes_with_a_warning(tm
     nb.cells.insert(1, nbformat.v4.new_code_cell("def times(a, b):\n    return a * b"))
     write(nb, path)
     [result] = check.check(path)
-    assert result.status == "PASS"
-    assert result.detail.startswith("but it uses `times` from another cell, and the grader runs each answer")
-    kept = ("double", "def times(a, b):\n    return a * b\n\ndef double(x):\n    return times(x, 2)", DOUBLE_TEST)
+    assert result.status == "FAIL"
+    assert result.detail.splitlines() == [
+        "the grader runs this answer with the set-up cells only, and there: NameError: name 'times' is not "
+        "defined (raised at line 2 of the answer)",
+        "it uses `times` from another cell: define them in the answer's cell"]
+    kept = ("double", "def times(a, b):\n    return a * b\n\ndef double(x):\n    return times(x, 2)\n"
+            "%timeit double(1)", DOUBLE_TEST)
     assert [(r.status, r.detail) for r in check.check(_notebook(tmp_path / "ok.ipynb", kept))] == [("PASS", "")]
+
+
+@pytest.mark.parametrize("answer, words", [
+    ("import sys\ndef double(x):\n    sys._getframe()\n    return 2 * x",
+     "PermissionError: sys._getframe is not allowed while an answer is graded (raised at line 3 of the answer)"),
+    ("%pip list\ndef double(x):\n    return 2 * x", "the IPython magic %pip is not run by the grader"),
+])
+def test_what_the_grader_refuses_the_self_check_refuses_with_the_same_words(tmp_path, answer, words):
+    [result] = check.check(_notebook(tmp_path / "nb.ipynb", ("double", answer, DOUBLE_TEST)))
+    assert result.status == "FAIL" and words in result.detail, result
 
 
 def test_cells_after_the_last_graded_cell_do_not_run(tmp_path):

@@ -86,7 +86,7 @@ def test_a_class_graded_with_three_burners_per_core_gets_the_grades_of_a_quiet_r
     proc = subprocess.run(["make", "-o", ".venv/.installed", "grade", f"CHAPTER={chapter}", f"GRADING={grading}",
                            f"PY={sys.executable}"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    with (grading / "grades.csv").open() as f:
+    with (grading / "grades" / f"{chapter}.csv").open() as f:
         rows = {row["student"]: row for row in csv.DictReader(f)}
     points = {ex.name: ex.points for ex in notebook.exercises(notebook.read(config.solution_path(chapter)))}
     full = sum(points.values())
