@@ -19,6 +19,7 @@ their answers ran); the flags are for a person to read, not a penalty.
 from __future__ import annotations
 
 import ast
+import re
 
 from . import config, notebook
 
@@ -39,6 +40,7 @@ PROTECTED_ROOTS = ("torch", "numpy", "builtins", "math", "course_lib", "einops")
 DEFAULT_ALIASES = {"torch": "torch", "np": "numpy", "numpy": "numpy", "math": "math",
                    "builtins": "builtins", "course_lib": "course_lib"}
 NOT_PARSED = "does not parse (not checked)"
+MAGIC_CALL = re.compile(r"get_ipython\(\)\.(?=(run_line_magic|run_cell_magic|system|getoutput)\()")
 
 
 def flags(nb, release_nb=None) -> list[str]:
@@ -64,8 +66,13 @@ def flags(nb, release_nb=None) -> list[str]:
 
 
 def _parse(source: str) -> ast.AST | None:
+    """The cell's syntax, its IPython magics read as the calls IPython makes of them (a magic is
+    no use of ``get_ipython`` by the student)."""
     try:
-        return ast.parse(source)
+        python = notebook.python_source(source)
+        if python is not source:
+            python = MAGIC_CALL.sub("_magic_.", python)
+        return ast.parse(python)
     except (SyntaxError, ValueError):
         return None
 

@@ -223,6 +223,8 @@ def install(fd: int, trusted: tuple[str, ...], current: list[str], untrusted_nam
         try:
             if event == "course.reference" and running_untrusted():  # tests may call it, to make inputs
                 report(f"called course_lib's {args[0]}, this exercise's reference", "the graded run")
+            elif event == "course.library_changed" and not running_untrusted():  # by the runner
+                report(f"changed {str(args[0])[:80]} (put back for the tests)", "<answer>")
             elif event == "course.reference_given":  # by the runner: the answer's name is the reference
                 report(f"gave as its answer course_lib's {args[0]}, this exercise's reference", "the graded run")
             elif event == "course.forbidding" and not running_untrusted():  # checks.forbidding's block

@@ -149,3 +149,17 @@ if importlib.util.find_spec("course_lib") is None:
 
 def read(path) -> nbformat.NotebookNode:
     return nbformat.read(str(path), as_version=4)
+
+
+def python_source(source: str) -> str:
+    """A code cell's source as Python: IPython's magics (``%timeit f(x)``, ``!ls``) become the
+    ``get_ipython()`` calls IPython makes of them; plain Python is returned as it is."""
+    import ast
+
+    try:
+        ast.parse(source)
+        return source
+    except (SyntaxError, ValueError):
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        return TransformerManager().transform_cell(source)

@@ -222,7 +222,7 @@ def _without_unused_definitions(body: list[ast.stmt]) -> list[ast.stmt]:
 def answer_names(solution_source: str) -> list[str]:
     """The names an exercise's solution cell defines at top level: what its tests may call."""
     try:
-        tree = ast.parse(_ipython_free(solution_source))
+        tree = ast.parse(notebook.python_source(solution_source))
     except SyntaxError:
         return []
     names = []
@@ -420,10 +420,13 @@ def _child(req: dict, group: list[dict], fd: int) -> None:
             for seed in (torch.manual_seed, random.seed, np.random.seed):
                 seed(0)
             answer_ns = dict(ns)
-            answer = _ipython_free(ex.pop("answer"))
+            answer = notebook.python_source(ex.pop("answer"))
             linecache.cache[answer_file] = (len(answer), None, answer.splitlines(True), answer_file)  # inspect
             answer_ns |= {"get_ipython": lambda ns=answer_ns: _Shell(ns), "display": lambda *a, **k: None}
+            released = _library_state()
             exec(compile(answer, answer_file, "exec"), answer_ns)
+            for changed in _restore(released):  # the tests use the libraries as released
+                sys.audit("course.library_changed", changed)
             tests_ns = dict(ns, **{CHECKS_NAME: checks})
             for name in ex["names"]:
                 if name in answer_ns:
@@ -437,6 +440,35 @@ def _child(req: dict, group: list[dict], fd: int) -> None:
             error = _describe(e, answer_file)
         checks._session = None
         _send(fd, {"name": ex["name"], "result": {"checks": session.entries, "error": error}})
+
+
+LIBRARIES = ("course_lib", "torch", "torch.nn.functional", "torch.testing", "numpy", "math", "builtins")
+
+
+def _library_state() -> dict[str, dict]:
+    """The attributes of the modules the tests use: course_lib's (its checks, its helpers) and
+    the libraries the tests compute with."""
+    return {name: dict(vars(module)) for name, module in list(sys.modules.items())
+            if module is not None and (name in LIBRARIES or name.startswith("course_lib."))}
+
+
+def _restore(state: dict[str, dict]) -> list[str]:
+    """Put back every function, class or module of a library module that an answer's cell replaced
+    or removed since ``state`` (``attention.watch_tensors = ...``, ``setattr(checks, name, ...)``,
+    however spelled), so that its tests run with the libraries as released; returns what was
+    changed, for the reports. Names added, and data a module sets for itself (a cache filled
+    lazily), are left alone."""
+    changed = []
+    for name, attributes in state.items():
+        now = vars(sys.modules[name]) if name in sys.modules else {}
+        for attr, value in attributes.items():
+            if now.get(attr, _MISSING) is not value and (callable(value) or isinstance(value, type(sys))):
+                changed.append(f"{name}.{attr}")
+                now[attr] = value
+    return changed
+
+
+_MISSING = object()
 
 
 def _is_one_of(value, functions) -> bool:
@@ -483,17 +515,6 @@ class _Shell:
 
     def __getattr__(self, name):
         raise AttributeError(f"get_ipython().{name} is not available while an answer is graded")
-
-
-def _ipython_free(source: str) -> str:
-    """An answer cell as Python: IPython's magics become ``get_ipython()`` calls (:class:`_Shell`)."""
-    try:
-        ast.parse(source)
-        return source
-    except SyntaxError:
-        from IPython.core.inputtransformer2 import TransformerManager
-
-        return TransformerManager().transform_cell(source)
 
 
 def _describe(e: BaseException, answer_file: str) -> str:

@@ -99,3 +99,9 @@ def test_the_solutions_answers_give_no_flag(chapter):
     assert flags.flags(notebook.read(config.solution_path(chapter))) == []
     release = notebook.read(config.student_path(chapter))
     assert flags.flags(answered(chapter), release) == []
+
+
+def test_a_cell_with_magics_is_read_as_ipython_runs_it():
+    assert flags.flags(_notebook("def causal_mask(S):\n    return torch.ones(S, S).triu(1).bool()\n"
+                                 "%timeit causal_mask(4)")) == []
+    assert flags.flags(_notebook("%time x = 1\nimport ctypes")) == ["ex_causal_mask: imports ctypes (ctypes)"]

@@ -12,7 +12,7 @@ import time
 import nbformat
 import pytest
 
-from course_lib.grading import config, notebook, sandbox, worker
+from course_lib.grading import config, notebook, sandbox, watchdog, worker
 from tests.conftest import CHAPTERS, ROOT, skip_or_fail
 
 
@@ -142,7 +142,7 @@ def test_the_watchdog_counts_memfd_and_every_tmpfs_of_the_sandbox(code):
         skip_or_fail(f"no sandbox on this machine: {sandbox.unavailable()}")
     proc = subprocess.Popen(sandbox.sandbox_command(limits) + [sys.executable, "-c", worker],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    dog = sandbox.Watchdog(proc.pid, limits, keep=3, tmpfs=sandbox.TMPFS)
+    dog = watchdog.Watchdog(proc.pid, limits, keep=3, tmpfs=sandbox.TMPFS)
     dog.start()
     out, err = proc.communicate(timeout=60)
     dog.done.set()
@@ -159,13 +159,13 @@ def test_held_files_count_memfd_and_deleted_files_once_by_their_pages(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline() == "ready\n"
-        assert sandbox._held_files([proc.pid], ()) == 9 * 2**20
-        assert sandbox._held_files([proc.pid, proc.pid], (str(tmp_path),)) == 8 * 2**20  # counted tmpfs
+        assert watchdog._held_files([proc.pid], ()) == 9 * 2**20
+        assert watchdog._held_files([proc.pid, proc.pid], (str(tmp_path),)) == 8 * 2**20  # counted tmpfs
     finally:
         proc.kill()
         proc.wait()
     # Outside the sandbox's mount namespace there is no sandbox tmpfs: never the host's /tmp.
-    assert sandbox._tmpfs_used([os.getpid()], ("/tmp",)) == 0
+    assert watchdog._tmpfs_used([os.getpid()], ("/tmp",)) == 0
 
 
 def test_the_process_tree_is_read_the_same_from_the_children_lists_and_from_all_of_proc(monkeypatch):
@@ -186,13 +186,13 @@ def test_the_process_tree_is_read_the_same_from_the_children_lists_and_from_all_
                             stdout=subprocess.PIPE, text=True)
     try:
         assert root.stdout.readline() == "ready\n"
-        fast = sandbox._tree(root.pid)
-        monkeypatch.setattr(sandbox, "_children_listed", lambda: False)
-        assert sorted(fast) == sorted(sandbox._tree(root.pid))  # (siblings of one tick in either order)
+        fast = watchdog._tree(root.pid)
+        monkeypatch.setattr(watchdog, "_children_listed", lambda: False)
+        assert sorted(fast) == sorted(watchdog._tree(root.pid))  # (siblings of one tick in either order)
         assert fast[0] == root.pid and len(fast) == 3  # the root, the thread's child, the orphan
     finally:
-        for pid in reversed(sandbox._tree(root.pid)):
-            sandbox._kill(pid)
+        for pid in reversed(watchdog._tree(root.pid)):
+            watchdog._kill(pid)
         root.wait()
 
 
@@ -207,7 +207,7 @@ def test_the_watchdog_counts_the_whole_tree_and_spares_the_worker(limit, code, r
     proc = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys\n"
                              f"subprocess.run([sys.executable, '-c', {code!r}])\nprint('worker lives')"],
                             stdout=subprocess.PIPE, text=True)
-    dog = sandbox.Watchdog(proc.pid, limit, keep=1)
+    dog = watchdog.Watchdog(proc.pid, limit, keep=1)
     dog.start()
     out, _ = proc.communicate(timeout=60)
     dog.done.set()

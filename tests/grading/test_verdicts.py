@@ -244,9 +244,14 @@ OTHERS = {
 }
 
 
+PATCHED_LIBRARY = ("import torch.nn.functional as F, importlib\n"
+                   "setattr(importlib.import_module('course_lib.grading.' + 'checks'), 'assert_close', print)\n"
+                   "F.softmax = None\ndel torch.abs\n" + HONEST)
+
+
 @pytest.fixture(scope="module")
 def attacked():
-    return _graded_all(ATTACKS | OTHERS)
+    return _graded_all(ATTACKS | OTHERS | {"patched library": PATCHED_LIBRARY})
 
 
 @pytest.mark.parametrize("name", list(ATTACKS))
@@ -398,3 +403,11 @@ def test_the_reference_code_is_out_of_reach_and_an_honest_answer_is_not_flagged(
 
 def test_the_reference_given_as_the_answer_is_seen_by_identity(borrowed):
     assert any("as the answer's causal_mask" in e for e in borrowed["renamed"]["events"]), borrowed["renamed"]
+
+
+def test_the_tests_run_with_the_libraries_as_released_whatever_the_answers_cell_changed(attacked):
+    problem, events = attacked["patched library"]
+    assert problem is None, problem  # checks.assert_close and torch.abs are back for the tests
+    assert sorted(events) == ["changed course_lib.grading.checks.assert_close (put back for the tests) in <answer>",
+                              "changed torch.abs (put back for the tests) in <answer>",
+                              "changed torch.nn.functional.softmax (put back for the tests) in <answer>"], events
