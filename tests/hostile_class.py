@@ -9,6 +9,7 @@ tries to reach, so the test can check afterwards that nothing there changed.
 
 from __future__ import annotations
 
+import json
 import stat
 import sys
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import nbformat
 
-from course_lib.grading import config, notebook
+from course_lib.grading import collect, config, notebook
 from tests.helpers import answered, mutants
 
 CHAPTER = "02_attention"
@@ -240,7 +241,7 @@ def build(zip_path: Path, ctx: Context, only: set[str] | None = None) -> dict[st
     expected: dict[str, Expected] = {}
 
     def moodle(name: str, lms_id: int, nb_or_bytes, exp: Expected | None, file="02_attention.ipynb", age=1.0):
-        key = f"{name.replace(' ', '_')}_{lms_id}"
+        key = collect.normalise(f"{name}_{lms_id}")
         if only is not None and key not in only:
             return
         data = nb_or_bytes if isinstance(nb_or_bytes, bytes) else _json(nb_or_bytes)
@@ -299,6 +300,15 @@ def build(zip_path: Path, ctx: Context, only: set[str] | None = None) -> dict[st
     moodle("Eve Gh", 1034, _borrowing(), Expected(points["ex_causal_mask"] + points["ex_sliding_window_mask"],
                                                    flags="this exercise's reference"))
     moodle("Fay Hi", 1035, _honest_tools(), Expected(FULL))
+    moodle("Hu Jk", 1038, _fused_in_disguise(),
+           Expected(0.0, flags="changed course_lib.attention.watch_tensors"))
+    surrogates = answered(CHAPTER)
+    surrogates.cells.append(nbformat.v4.new_markdown_cell("my notes \ud800 end"))
+    _cell(surrogates, "ex_causal_mask_test").metadata["nbgrader"]["odd\ud800"] = 1
+    moodle("Gil Ij", 1036, json.dumps(surrogates, ensure_ascii=True).encode(),  # as a browser may save it
+           Expected(FULL, notes="restored from the release"))
+    moodle("<b>Xss</b> =1+1", 1037, _with(answered(CHAPTER), "raise ValueError('x' * 50_000_000)"),
+           Expected(FULL, output=["more characters not shown"]))
     for name, lms_id, nb, flagged in verdict_attacks().values():
         moodle(name, lms_id, nb, Expected(0.0, flags=flagged))
 
@@ -399,6 +409,23 @@ def _borrowing():
         "    if 'ipykernel' not in sys.modules:\n        from course_lib import attention as _a\n"
         "        return getattr(_a, 'sliding_window' + '_mask')(S, window, Sk)\n"
         "    raise NotImplementedError()\n")
+    return nb
+
+
+def _fused_in_disguise():
+    """Every answer wrong; tiled attention is PyTorch's fused kernel, run with torch's dispatch
+    modes switched off, after replacing the watch the test uses with one that sees nothing."""
+    nb = _wrong_everywhere()
+    _cell(nb, "ex_tiled_attention").source = (
+        "import contextlib, torch.nn.functional as _F\n"
+        "from torch.utils._python_dispatch import _disable_current_modes\n"
+        "from course_lib import attention as _att\n"
+        "_blind = type('W', (), {'largest': 0, 'ops': set()})\n"
+        "_att.watch_tensors = lambda: contextlib.nullcontext(_blind())\n"
+        "def tiled_attention(q, k, v, block, causal=False):\n"
+        "    mask = _att.causal_mask(q.shape[-2], k.shape[-2]) if causal else None\n"
+        "    with _disable_current_modes():\n"
+        "        return _F.scaled_dot_product_attention(q, k, v, attn_mask=mask)\n")
     return nb
 
 

@@ -35,6 +35,7 @@ the GPU kernel that makes it fast: the point of this version is the memory.
 from __future__ import annotations
 
 import math
+import sys
 import weakref
 
 import torch
@@ -111,10 +112,10 @@ class TensorWatch(TorchDispatchMode):
 
     ``largest``: the number of elements of the biggest one; ``peak_bytes``: the most bytes held
     at one time by tensors created while watching and still alive; ``ops``: the names of the
-    operations that ran. A view or an in-place result shares an input's memory and is not counted;
-    tensors that existed before are not counted. It sees what operations return, not the scratch
-    memory inside a fused kernel, the Python objects around the tensors, or what the allocator
-    keeps cached.
+    operations that ran, and of the torch functions called from Python. A view or an in-place
+    result shares an input's memory and is not counted; tensors that existed before are not
+    counted. It sees what operations return, not the scratch memory inside a fused kernel, the
+    Python objects around the tensors, or what the allocator keeps cached.
 
     >>> with watch_tensors() as w:
     ...     x = torch.zeros(1000)       # 4,000 bytes
@@ -130,6 +131,27 @@ class TensorWatch(TorchDispatchMode):
         self.largest, self.peak_bytes, self.ops = 0, 0, set()
         self._live: dict[int, int] = {}  # storage id -> bytes, for storages created while watching
         self._now = 0
+        self._previous_profile = None
+
+    # A dispatch mode can be taken off torch's stack by the code it watches; a profile hook sees
+    # each torch function called from Python whatever the modes, so ``ops`` also holds those
+    # (``torch._C._nn.scaled_dot_product_attention``): a fused kernel is seen either way.
+    def __enter__(self):
+        self._previous_profile = sys.getprofile()
+        sys.setprofile(self._profile)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            sys.setprofile(self._previous_profile)
+
+    def _profile(self, frame, event, arg):
+        if event == "c_call" and str(getattr(arg, "__module__", None) or "").startswith("torch"):
+            self.ops.add(f"{arg.__module__}.{getattr(arg, '__name__', '?')}")
+        if self._previous_profile is not None:
+            self._previous_profile(frame, event, arg)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

@@ -334,6 +334,7 @@ def _exchange(proc: subprocess.Popen, data: bytes, cap: int, wall: float) -> tup
 
 
 OUTPUT_TYPES = {"stream", "display_data", "execute_result", "error"}
+MAX_DATA_CHARS = 2_000_000  # a figure as base64 (the worker keeps about MAX_OUTPUT_CHARS of text)
 
 
 def _with_outputs(nb, returned: str | None, tests: set[int]):
@@ -363,11 +364,15 @@ def _with_outputs(nb, returned: str | None, tests: set[int]):
     return executed, note
 
 
-def _text(value) -> str:
-    """A notebook string field (a string or a list of lines) as one string; anything else empty."""
+def _text(value, limit: int = worker.MAX_OUTPUT_CHARS) -> str:
+    """A notebook string field (a string or a list of lines) as one string of at most ``limit``
+    characters, and a note of what was cut; anything else empty. (The worker keeps errors whole:
+    they may decide points in a test cell, and a 50 MB message elsewhere is cut here.)"""
     if isinstance(value, list):
-        return "".join(v for v in value if isinstance(v, str))
-    return value if isinstance(value, str) else ""
+        value = "".join(v for v in value if isinstance(v, str))
+    if not isinstance(value, str):
+        return ""
+    return value if len(value) <= limit else value[:limit] + f"\n[{len(value) - limit:,} more characters not kept]"
 
 
 def _clean_output(out):
@@ -383,7 +388,7 @@ def _clean_output(out):
         return nbformat.v4.new_output("error", ename=_text(out.get("ename")), evalue=_text(out.get("evalue")),
                                       traceback=[_text(line) for line in trace])
     data = out.get("data") if isinstance(out.get("data"), dict) else {}
-    data = {mime: _text(value) for mime, value in data.items() if isinstance(mime, str) and "/" in mime}
+    data = {mime: _text(value, MAX_DATA_CHARS) for mime, value in data.items() if isinstance(mime, str) and "/" in mime}
     if kind == "execute_result":
         count = out.get("execution_count")
         return nbformat.v4.new_output(kind, data=data, execution_count=count if isinstance(count, int) else None)

@@ -136,6 +136,11 @@ def test_every_student_of_the_export_has_one_row(graded):
     assert first["王小明_1003"]["name"] == "王小明" and first["王小明_1003"]["lms_id"] == "1003"
 
 
+def test_every_entry_keeps_its_lms_id_whatever_its_name(graded):
+    _, _, first, _, _, _, _, _ = graded
+    assert (first["bXssb_11_1037"]["name"], first["bXssb_11_1037"]["lms_id"]) == ("<b>Xss</b> =1+1", "1037")
+
+
 def test_every_student_gets_exactly_the_expected_points(graded):
     _, expected, first, _, _, _, _, _ = graded
     got = {s: (float(r["autograded"]), r["problem"]) for s, r in first.items()}
@@ -190,6 +195,7 @@ def test_feedback_holds_no_hidden_test_and_no_student_script(graded):
     pages = list((ctx.grading / "feedback").rglob("*.html"))
     assert len(pages) == sum(1 for r in first.values() if not r["problem"])
     for page in pages:
+        assert page.stat().st_size < 16 * 2**20, page  # a 50 MB error is cut, and says so
         html = page.read_text(encoding="utf-8")
         assert "<script>alert" not in html, page
         text = htmllib.unescape(re.sub(r"<[^>]+>", "", html))  # as a reader sees it

@@ -319,6 +319,11 @@ def test_only_outputs_come_back_from_the_worker_and_never_points_or_cells():
         nbformat.v4.new_output("error", ename="E", evalue="", traceback=["t", ""])]
     assert executed.cells[1].execution_count is None
     nbformat.validate(executed)
+    huge = json.loads(nbformat.writes(submitted))
+    huge["cells"][1]["outputs"] = [{"output_type": "error", "ename": "ValueError", "evalue": "x" * 10**6,
+                                    "traceback": ["x" * 10**6]}]
+    (out,) = sandbox._with_outputs(submitted, json.dumps(huge), tests)[0].cells[1].outputs
+    assert len(out.evalue) < 101_000 and out.evalue.endswith("[900,000 more characters not kept]")
     executed, note = sandbox._with_outputs(submitted, "{not json", tests)
     assert "no readable notebook" in note and all(c.get("outputs", []) == [] for c in executed.cells)
 

@@ -580,3 +580,15 @@ def test_broadcast_shape_follows_torch(shapes):
             A.core.broadcast_shape(*shapes)
         return
     assert A.core.broadcast_shape(*shapes) == want
+
+
+def test_the_watch_sees_a_fused_kernel_even_with_torch_modes_switched_off():
+    """A dispatch mode can be taken off torch's stack by the code it watches; the watch's profile
+    hook still sees the fused function called."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    q = torch.randn(1, 1, 4, 8)
+    with A.watch_tensors() as w:
+        with _disable_current_modes():
+            F.scaled_dot_product_attention(q, q, q)
+    assert any("scaled_dot_product" in op for op in w.ops), w.ops
