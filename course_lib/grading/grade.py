@@ -46,7 +46,6 @@ import hashlib
 import json
 import os
 import shutil
-import stat
 from pathlib import Path
 
 import nbformat
@@ -65,32 +64,6 @@ from . import (
     verdicts,
 )
 from .failures import failure_cause
-
-ALLOWED_EXTRA = {"timestamp.txt"}  # what nbgrader's own collect puts beside a notebook
-
-
-def problem_with(path: Path, chapter: str) -> str | None:
-    """Why ``path`` cannot be graded as ``chapter``, or None if it can."""
-    folder = path.parent
-    others = sorted(p.name for p in folder.iterdir() if p.name != path.name and not (
-        p.name in ALLOWED_EXTRA and stat.S_ISREG(p.lstat().st_mode)))
-    if others:
-        return f"the folder holds more than the notebook ({', '.join(others)[:200]}): collect it again"
-    mode = path.lstat()
-    if not stat.S_ISREG(mode.st_mode) or mode.st_nlink != 1:
-        return "the notebook is not a regular file (a link or a device): collect it again"
-    try:
-        nb = nbformat.read(str(path), as_version=4)
-    except Exception as e:  # noqa: BLE001 (any unreadable file gets the same treatment)
-        return f"not a valid notebook ({type(e).__name__}: {str(e)[:120]})"
-    if not nb.cells:
-        return "the notebook is empty"
-    expected = {ex.name for ex in notebook.exercises(notebook.read(config.solution_path(chapter)))}
-    found = {notebook.nbgrader_meta(c).get("grade_id") for c in nb.cells}
-    if not expected & found:
-        return f"this is not the {chapter} notebook (none of its exercises {sorted(expected)} is in it)"
-    return None
-
 
 def _students(chapter: str, g: Path) -> list[str]:
     """Every student with a folder or in the collect manifest (a row each, whatever happened)."""
@@ -188,7 +161,7 @@ def _stage(student: str, chapter: str, g: Path, out: Path, collected: dict, rele
     path = g / "submitted" / student / chapter / f"{chapter}.ipynb"
     problem = (collected.get(student) or {}).get("problem")
     if not problem:
-        problem = (problem_with(path, chapter) if os.path.lexists(path)
+        problem = (notebook.submission_problem(path, chapter) if os.path.lexists(path)
                    else f"no {path.name} in the submission")
     if problem:
         return problem

@@ -12,7 +12,9 @@ A chapter notebook (see the template in README.md, "Adding a chapter") has
 from __future__ import annotations
 
 import functools
+import stat
 from dataclasses import dataclass
+from pathlib import Path
 
 import nbformat
 
@@ -163,3 +165,30 @@ def python_source(source: str) -> str:
         from IPython.core.inputtransformer2 import TransformerManager
 
         return TransformerManager().transform_cell(source)
+
+
+ALLOWED_EXTRA = {"timestamp.txt"}  # what nbgrader's own collect puts beside a notebook
+
+
+def submission_problem(path: Path, chapter: str) -> str | None:
+    """Why the submitted notebook ``path`` cannot be graded as ``chapter``, or None if it can
+    (grading and the similarity report read submissions through this one check)."""
+    folder = path.parent
+    others = sorted(p.name for p in folder.iterdir() if p.name != path.name and not (
+        p.name in ALLOWED_EXTRA and stat.S_ISREG(p.lstat().st_mode)))
+    if others:
+        return f"the folder holds more than the notebook ({', '.join(others)[:200]}): collect it again"
+    mode = path.lstat()
+    if not stat.S_ISREG(mode.st_mode) or mode.st_nlink != 1:
+        return "the notebook is not a regular file (a link or a device): collect it again"
+    try:
+        nb = nbformat.read(str(path), as_version=4)
+    except Exception as e:  # noqa: BLE001 (any unreadable file gets the same treatment)
+        return f"not a valid notebook ({type(e).__name__}: {str(e)[:120]})"
+    if not nb.cells:
+        return "the notebook is empty"
+    expected = {ex.name for ex in exercises(read(config.solution_path(chapter)))}
+    found = {nbgrader_meta(c).get("grade_id") for c in nb.cells}
+    if not expected & found:
+        return f"this is not the {chapter} notebook (none of its exercises {sorted(expected)} is in it)"
+    return None

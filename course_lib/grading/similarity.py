@@ -263,12 +263,10 @@ def reference_source(exercise: str) -> str | None:
 
 def _student_notebook(path: Path, chapter: str):
     """The notebook at ``path``, or the reason it cannot be compared."""
-    from .grade import problem_with  # the same checks as grading
-
     if not path.is_file():
         return "no notebook submitted"
     try:
-        return problem_with(path, chapter) or notebook.read(path)
+        return notebook.submission_problem(path, chapter) or notebook.read(path)  # grading's checks
     except Exception as e:  # noqa: BLE001 (whatever one submission holds, the others are compared)
         return f"unreadable ({type(e).__name__})"
 
