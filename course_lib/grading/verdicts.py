@@ -471,23 +471,24 @@ def _restore(state: dict[str, dict]) -> list[str]:
 _MISSING = object()
 
 
-def _is_one_of(value, functions) -> bool:
-    """Whether ``value`` is one of ``functions``, or a partial or wrapper of one (a few layers)."""
-    for _ in range(8):
-        if value is None:
-            return False
-        if any(value is f for f in functions):
-            return True
+def _layers(value) -> list:
+    """``value`` and what it wraps, a few layers deep: a ``functools.partial``'s ``func``, a
+    decorator's ``__wrapped__``."""
+    out = []
+    while value is not None and len(out) < 8:
+        out.append(value)
         value = getattr(value, "func", None) or getattr(value, "__wrapped__", None)
-    return False
+    return out
+
+
+def _is_one_of(value, functions) -> bool:
+    """Whether ``value`` is one of ``functions``, or a partial or wrapper of one."""
+    return any(layer is f for layer in _layers(value) for f in functions)
 
 
 def _qualname(value) -> str:
-    for _ in range(8):
-        if hasattr(value, "__qualname__"):
-            return f"{value.__module__}.{value.__qualname__}"
-        value = getattr(value, "func", None) or getattr(value, "__wrapped__", None)
-    return "a reference"
+    named = [layer for layer in _layers(value) if hasattr(layer, "__qualname__")]
+    return f"{named[0].__module__}.{named[0].__qualname__}" if named else "a reference"
 
 
 class _Shell:
