@@ -38,7 +38,8 @@ help:
 	@echo "make nbval     run a notebook under pytest's nbval: make nbval NB=notebooks/01_tokenization/01_tokenization.ipynb"
 	@echo "make lab       open JupyterLab on the student notebooks"
 	@echo "make bench     run the benchmarks (not part of the tests)"
-	@echo "make checkpoint  retrain the shipped Shakespeare models (course_lib/checkpoints, chapters 03 and 08, ~20 min on a CPU)"
+	@echo "make checkpoint  retrain the shipped Shakespeare models (course_lib/checkpoints, chapters 03, 08 and 09;"
+	@echo "               ~55 min on 2 CPU cores: chapter 03's recipe runs with three seeds)"
 	@echo "make sweep     rerun the scaling-law sweep of chapter 06 (course_lib/results, ~20 min on a CPU)"
 	@echo "make moe-runs  rerun the dense and MoE training runs of chapter 07 (course_lib/results, ~15 min)"
 

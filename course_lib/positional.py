@@ -73,7 +73,8 @@ class LearnedPositional(nn.Module):
         self.embedding = nn.Embedding(context_length, d_model)
 
     def forward(self, positions: Tensor) -> Tensor:
-        lo, hi = (int(positions.min()), int(positions.max())) if positions.numel() else (0, 0)
+        has_values = positions.numel() and positions.device.type != "meta"  # meta: shapes only
+        lo, hi = (int(positions.min()), int(positions.max())) if has_values else (0, 0)
         if lo < 0 or hi >= self.context_length:
             raise ValueError(f"positions must lie in 0 .. {self.context_length - 1} (context_length="
                              f"{self.context_length}), got min {lo}, max {hi}")

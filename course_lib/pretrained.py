@@ -1,23 +1,27 @@
 """Small character-level GPTs trained on Shakespeare, shipped with the library (chapters 03, 08, 09).
 
-Chapter 03 loads ``chapter03_char``, its own model trained ten times longer than the chapter's
-run (:data:`CHAPTER03_CHAR`: 0.43 M parameters, the chapter's first million characters and
-split), to compare it with count n-gram models. Later chapters start from ``shakespeare_char``, a
-model that already writes something like Shakespeare, instead of training one first: 0.84 M
-parameters, a context of 128 bytes, a validation loss of 1.54 nats per byte (a uniform guess is
-ln 256 = 5.55). :func:`load` reads them from
+Chapter 03 loads ``chapter03_char``, the chapter's kind of model (RoPE, RMSNorm, SwiGLU) made larger
+and trained longer on the chapter's own text and split (:data:`CHAPTER03_CHAR`: 0.83 M parameters,
+4 blocks, a context of 128 bytes, the first million characters), to compare a GPT fairly with
+count n-gram models; its file also records the validation loss of the same recipe run with two
+other seeds, so that the chapter can say how much of a difference is luck. Later chapters start
+from ``shakespeare_char``, a model that already writes something like Shakespeare, instead of
+training one first: 0.84 M parameters, a context of 128 bytes, a validation loss of 1.54 nats
+per byte (a uniform guess is ln 256 = 5.55). :func:`load` reads them from
 ``course_lib/checkpoints/``; :func:`build` trains one again from scratch with its fixed recipe
-(:data:`SHAKESPEARE_CHAR` in about 7 minutes on 2 CPU cores, :data:`CHAPTER03_CHAR` in a few;
-``make checkpoint`` builds both, ``python -m course_lib.pretrained build --name NAME
-[--max-steps N] [--out PATH]`` one)::
+(:data:`SHAKESPEARE_CHAR` in about 7 minutes on 2 quiet CPU cores, :data:`CHAPTER03_CHAR` in
+about 15 minutes a seed, three seeds; ``make checkpoint`` builds both, ``python -m
+course_lib.pretrained build --name NAME [--max-steps N] [--out PATH]`` one)::
 
     shakespeare() --encode_corpus--> bytes (N,) --train_val_split--> train (0.9 N), val (0.1 N)
     GPT(spec.model) --train(spec.train)--> fp32 weights --fp16--> shakespeare_char.pt (< 2 MB)
 
 The file holds the weights in fp16 (half the bytes; :func:`load` casts them back to fp32), the
-model and train configs, the corpus settings, and the validation loss of the weights *as
-stored*, measured with :func:`course_lib.train.evaluate` (fixed batches), so anyone can check
-it. :func:`load_info` returns all of that but the weights.
+model and train configs, the corpus settings, and two validation losses of the weights *as
+stored*: ``val_loss`` from :func:`course_lib.train.evaluate` (fixed batches of fresh windows) and
+``val_loss_all`` from :func:`course_lib.train.evaluate_all` (every validation byte, predicted
+through a sliding window from at least three quarters of the context), so anyone can check them.
+:func:`load_info` returns all of that but the weights.
 
 >>> SHAKESPEARE_CHAR.model.vocab_size, SHAKESPEARE_CHAR.model.context_length
 (256, 128)
@@ -26,8 +30,9 @@ it. :func:`load_info` returns all of that but the weights.
 (True, False)
 
 Left out: larger models and BPE vocabularies (a GPT-2 comes from :func:`course_lib.model.from_hf_gpt2`),
-the optimizer state (the file is for using the model, not for resuming its training), and
-downloading checkpoints: this one ships inside the package.
+the optimizer state (the file is for using the model, not for resuming its training), the other
+seeds' weights (their losses are enough to measure the spread), and downloading checkpoints:
+these ship inside the package.
 """
 
 from __future__ import annotations
@@ -44,10 +49,10 @@ import torch
 
 from . import data
 from .model import GPT, ModelConfig
-from .train import TrainConfig, evaluate, train
+from .train import TrainConfig, evaluate, evaluate_all, train
 
 __all__ = ["Spec", "SHAKESPEARE_CHAR", "CHAPTER03_CHAR", "SPECS", "CHECKPOINT_DIR", "build", "load",
-           "load_info", "main"]
+           "load_info", "loss_all", "main"]
 
 CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
 _FORMAT = 1  # bump when the file's layout changes
@@ -64,6 +69,7 @@ class Spec:
     train: TrainConfig
     max_chars: int | None = None  # None = all ~5.3 million characters
     val_fraction: float = 0.1
+    other_seeds: tuple[int, ...] = ()  # the recipe run again with these seeds: their losses are recorded
 
     def corpus(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(train_ids, val_ids)``, bytes, exactly as :func:`build` used them."""
@@ -80,15 +86,17 @@ SHAKESPEARE_CHAR = Spec(
     train=TrainConfig(max_steps=4000, batch_size=8, lr=4e-3, min_lr=1e-4, warmup_steps=200,
                       eval_every=1000, eval_batches=32, seed=0, device="auto", precision="fp32"),
 )
-# Chapter 03's own GPT (2 blocks, D = 128, RoPE, RMSNorm, SwiGLU; 0.43 M parameters), on chapter 03's
-# text and split (the first million characters), trained ten times longer than the chapter's own run
+# Chapter 03's kind of GPT (RoPE, RMSNorm, SwiGLU) on chapter 03's text and split (the first million
+# characters): twice the blocks and the context of the chapter's own run, dropout against the
+# repeats of a small text, and 8 times its steps; 0.83 M parameters, 6.1 M tokens seen
 CHAPTER03_CHAR = Spec(
     name="chapter03_char",
-    model=ModelConfig(vocab_size=256, context_length=64, d_model=128, n_layers=2, n_heads=4,
+    model=ModelConfig(vocab_size=256, context_length=128, d_model=128, n_layers=4, n_heads=4, dropout=0.1,
                       positional="rope", norm="rmsnorm", mlp="swiglu", attn_impl="sdpa"),
-    train=TrainConfig(max_steps=3600, batch_size=16, lr=3e-3, min_lr=3e-4, warmup_steps=100,
-                      eval_every=600, eval_batches=8, seed=0, device="auto", precision="fp32"),
+    train=TrainConfig(max_steps=3000, batch_size=16, lr=3e-3, min_lr=3e-4, warmup_steps=100,
+                      eval_every=250, eval_batches=8, seed=0, device="auto", precision="fp32"),
     max_chars=1_000_000,
+    other_seeds=(1, 2),
 )
 SPECS = {spec.name: spec for spec in (SHAKESPEARE_CHAR, CHAPTER03_CHAR)}
 
@@ -127,29 +135,49 @@ def load(name: str | os.PathLike = "shakespeare_char") -> GPT:
 def load_info(name: str | os.PathLike = "shakespeare_char") -> dict:
     """What the checkpoint says about itself, without the weights: ``name``, ``model_config``,
     ``train_config`` (dicts), ``corpus`` (``max_chars``, ``val_fraction``, ``tokenizer``),
-    ``val_loss`` (nats per byte, of the stored weights), ``steps``, ``seconds``, ``torch``."""
+    ``val_loss`` and ``val_loss_all`` (nats per byte, of the stored weights; see :func:`loss_all`),
+    ``train_loss_all`` (the same on the first ``len(val)`` training bytes),
+    ``other_seeds`` (seed -> ``val_loss_all`` of the recipe run with it), ``steps``, ``seconds``,
+    ``torch``."""
     return {k: v for k, v in _read(name).items() if k != "state_dict"}
+
+
+def _train(spec: Spec, config: TrainConfig, train_ids, val_ids, progress: bool):
+    """One run of the recipe: (the model with its weights rounded to fp16, those fp16 weights,
+    its history, seconds)."""
+    torch.manual_seed(config.seed)  # the initial weights
+    model = GPT(spec.model)
+    t0 = time.perf_counter()
+    history = train(model, train_ids, val_ids, config, progress=progress)
+    seconds = time.perf_counter() - t0
+    stored = copy.deepcopy(model).cpu().half()  # fp16 weights; the tied matrix stays one tensor
+    model.load_state_dict(stored.state_dict())  # measure the weights as they will be loaded
+    return model, stored, history, seconds
+
+
+def loss_all(model: GPT, val_ids: torch.Tensor) -> float:
+    """The loss a checkpoint records as ``val_loss_all``: every target of ``val_ids``, each from at
+    least three quarters of the context (:func:`course_lib.train.evaluate_all`, stride S / 4)."""
+    return evaluate_all(model, val_ids, stride=max(1, model.config.context_length // 4))
 
 
 def build(path: str | os.PathLike | None = None, *, max_steps: int | None = None,
           progress: bool = True, spec: Spec = SHAKESPEARE_CHAR) -> Path:
     """Train ``spec``'s model from scratch and write it to ``path`` (None: the package's own
     ``checkpoints/<name>.pt``); returns the path. ``max_steps`` shortens the run (a smoke test;
-    warm-up and evaluation shrink to fit), otherwise the recipe is exactly ``spec.train``."""
+    warm-up and evaluation shrink to fit), otherwise the recipe is exactly ``spec.train``. The
+    recipe is then run with each of ``spec.other_seeds`` and their ``val_loss_all`` recorded."""
     config = spec.train
     if max_steps is not None:
         config = dataclasses.replace(config, max_steps=max_steps, warmup_steps=min(config.warmup_steps,
                                      max_steps), eval_every=min(config.eval_every, max_steps))
     path = Path(path) if path is not None else CHECKPOINT_DIR / f"{spec.name}.pt"
     train_ids, val_ids = spec.corpus()
-    torch.manual_seed(config.seed)  # the initial weights
-    model = GPT(spec.model)
-    t0 = time.perf_counter()
-    history = train(model, train_ids, val_ids, config, progress=progress)
-    seconds = time.perf_counter() - t0
-
-    stored = copy.deepcopy(model).cpu().half()  # fp16 weights; the tied matrix stays one tensor
-    model.load_state_dict(stored.state_dict())  # measure the weights as they will be loaded
+    model, stored, history, seconds = _train(spec, config, train_ids, val_ids, progress)
+    other_seeds = {}
+    for seed in spec.other_seeds:
+        other = _train(spec, dataclasses.replace(config, seed=seed), train_ids, val_ids, progress)[0]
+        other_seeds[seed] = loss_all(other, val_ids)
     ckpt = {
         "format": _FORMAT,
         "name": spec.name,
@@ -158,9 +186,13 @@ def build(path: str | os.PathLike | None = None, *, max_steps: int | None = None
         "corpus": {"text": "data.shakespeare", "max_chars": spec.max_chars,
                    "val_fraction": spec.val_fraction, "tokenizer": "utf-8 bytes"},
         "val_loss": evaluate(model, val_ids, config),
+        "val_loss_all": loss_all(model, val_ids),
+        # the same on training text, as much as the validation split: the gap is what it memorized
+        "train_loss_all": loss_all(model, train_ids[:len(val_ids)]),
         "val_loss_fp32": history.val_loss[-1],
+        "other_seeds": other_seeds,  # seed -> val_loss_all of the same recipe with that seed
         "steps": history.steps[-1] + 1,
-        "seconds": seconds,
+        "seconds": seconds,  # of this seed's training
         "torch": str(torch.__version__),
         "state_dict": stored.state_dict(),
     }

@@ -69,8 +69,8 @@ from .data import get_batch
 from .device import DEVICES, PRECISIONS, autocast, get_device
 from .optim import AdamW, Muon, clip_grad_norm, cosine_schedule, split_for_muon
 
-__all__ = ["TrainConfig", "History", "lr_at", "make_optimizer", "set_lr", "evaluate", "evaluate_all", "train",
-           "save_checkpoint", "load_checkpoint", "plot_history"]
+__all__ = ["TrainConfig", "History", "lr_at", "make_optimizer", "set_lr", "evaluate", "evaluate_all",
+           "loss_by_position", "train", "save_checkpoint", "load_checkpoint", "plot_history"]
 
 OPTIMIZERS = ("adamw", "torch-adamw", "muon")
 
@@ -223,24 +223,31 @@ def evaluate(model: nn.Module, ids: torch.Tensor, config: TrainConfig) -> float:
 
 
 @torch.no_grad()
-def evaluate_all(model: nn.Module, ids: torch.Tensor, *, batch_size: int = 64) -> float:
+def evaluate_all(model: nn.Module, ids: torch.Tensor, *, stride: int = 1, batch_size: int = 64) -> float:
     """Mean next-token loss of ``model`` over *every* target ``ids[1:]``, each scored once, in nats
-    per token (chapter 03): slower than :func:`evaluate` and exact, the number to compare with
-    another model that scores the same targets (``course_lib.ngram.cross_entropy(ngram_model, ids)``).
-    The windows of ``S = context_length`` tokens follow each other; the last one ends at the last
-    target and scores only the targets the others did not reach. Each window starts afresh, so its
-    first targets are predicted from little context. Runs in eval mode, in fp32, on the model's
-    device, and restores the previous mode::
+    per token (chapter 03): the number to compare with another model that scores the same targets
+    (``course_lib.ngram.cross_entropy(ngram_model, ids)``). Runs in eval mode, in fp32, on the
+    model's device, and restores the previous mode.
 
-        ids:      t0 t1 t2 t3 t4 t5 t6 t7 t8    S = 3: windows start at 0, 3 and 5
-        window 0: [t0 t1 t2]                 -> targets t1 t2 t3, all scored
-        window 1:          [t3 t4 t5]        -> targets t4 t5 t6, all scored
-        window 2:                [t5 t6 t7]  -> targets t6 t7 t8, scored t7 t8
+    Windows of ``S = context_length`` tokens start every ``stride`` tokens (a sliding window). The
+    first window scores all its targets; each later one only the targets the windows before it did
+    not reach, its last ``stride`` (fewer at the end, where the last window ends at the last
+    target). So every target after the first ``S`` is predicted from at least ``S - stride + 1``
+    tokens: with ``stride=1`` (the default) from all ``S`` a model can take, exactly as a count
+    model conditions on all the ``n - 1`` it can take. ``stride=S`` cuts the text into fresh windows
+    whose first targets see only a few tokens (cheaper by a factor of ``S``, and worse)::
+
+        ids:      t0 t1 t2 t3 t4 t5 t6       S = 3, stride = 2: windows start at 0, 2 and 3
+        window 0: [t0 t1 t2]               -> targets t1 t2 t3, all scored
+        window 1:       [t2 t3 t4]         -> targets t3 t4 t5, scored t4 t5
+        window 2:          [t3 t4 t5]      -> targets t4 t5 t6, scored t6
     """
     S, N = model.config.context_length, len(ids)
     if N < S + 1:
         raise ValueError(f"ids must hold at least context_length + 1 = {S + 1} tokens, got {N}")
-    starts = list(range(0, N - S, S))
+    if not 1 <= stride <= S:
+        raise ValueError(f"stride must be in 1..context_length = {S}, got {stride}")
+    starts = list(range(0, N - S, stride))
     if starts[-1] != N - 1 - S:
         starts.append(N - 1 - S)  # the last window ends at the last target
     starts = torch.tensor(starts)  # (W,)
@@ -260,6 +267,35 @@ def evaluate_all(model: nn.Module, ids: torch.Tensor, *, batch_size: int = 64) -
         total += nll[new].sum().item()
     model.train(was_training)
     return total / (N - 1)
+
+
+@torch.no_grad()
+def loss_by_position(model: nn.Module, ids: torch.Tensor, *, stride: int | None = None,
+                     batch_size: int = 64) -> torch.Tensor:
+    """The mean loss at each position of windows of ``S = context_length`` tokens that start every
+    ``stride`` tokens (None: ``S``, windows that cut ``ids`` into pieces): entry ``p`` is the loss
+    of predicting a token from the ``p + 1`` tokens before it (chapter 03's loss against context
+    length; a smaller stride averages more windows). (N,) -> (S,), float64."""
+    S, N = model.config.context_length, len(ids)
+    stride = S if stride is None else stride
+    if N < S + 1:
+        raise ValueError(f"ids must hold at least context_length + 1 = {S + 1} tokens, got {N}")
+    if stride < 1:
+        raise ValueError(f"stride must be at least 1, got {stride}")
+    starts = torch.arange(0, N - S, stride)  # (W,)
+    device = next(model.parameters()).device
+    offsets = torch.arange(S)
+    was_training = model.training
+    model.eval()
+    total = torch.zeros(S, dtype=torch.float64)
+    for i in range(0, len(starts), batch_size):
+        first = starts[i:i + batch_size, None]  # (b, 1)
+        logits, _ = model(ids[first + offsets].to(device))  # (b, S, V)
+        nll = nn.functional.cross_entropy(logits.float().transpose(1, 2), ids[first + offsets + 1].to(device),
+                                          reduction="none")  # (b, S)
+        total += nll.double().sum(0).cpu()
+    model.train(was_training)
+    return total / len(starts)
 
 
 def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,

@@ -117,10 +117,13 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     if is_causal:  # no row is fully masked
         mask = torch.ones(S, Sk, dtype=torch.bool, device=q.device).tril()  # (S, Sk)
 
-    scores = (q @ k.transpose(-2, -1)) * scale  # (..., S, Dh) @ (..., Dh, Sk) -> (..., S, Sk)
+    # At most two (..., S, Sk) tensors are alive at once (chapter 02 measures it): the scores,
+    # scaled through q and masked in place, and the weights the softmax writes from them.
+    scores = (q * scale) @ k.transpose(-2, -1)  # (..., S, Dh) @ (..., Dh, Sk) -> (..., S, Sk)
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
+        scores.masked_fill_(~mask, float("-inf"))  # the matmul's backward does not need its output
     weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # softmax in fp32, cast back
+    del scores  # the softmax's backward keeps its output, not its input
     if keep is not None:
         weights = weights * keep  # fully masked rows -> all-zero weights
     if dropout_p > 0.0:

@@ -111,7 +111,8 @@ class TensorWatch(TorchDispatchMode):
     """While active, records the tensors that torch operations create (chapter 02).
 
     ``largest``: the number of elements of the biggest one; ``peak_bytes``: the most bytes held
-    at one time by tensors created while watching and still alive; ``ops``: the names of the
+    at one time by tensors created while watching and still alive; ``at_peak``: those tensors, as
+    ``(operation, shape, dtype)``, largest first; ``ops``: the names of the
     operations that ran, and of the torch functions called from Python. A view or an in-place
     result shares an input's memory and is not counted; tensors that existed before are not
     counted. It sees what operations return, not the scratch memory inside a fused kernel, the
@@ -124,12 +125,16 @@ class TensorWatch(TorchDispatchMode):
     ...     z = x[:10] * 2              # the view x[:10] is x's memory; z is 40 bytes
     >>> w.largest, w.peak_bytes
     (1000, 8000)
+    >>> w.at_peak
+    [('aten.zeros', (1000,), torch.float32), ('aten.add', (1000,), torch.float32)]
     """
 
     def __init__(self):
         super().__init__()
         self.largest, self.peak_bytes, self.ops = 0, 0, set()
-        self._live: dict[int, int] = {}  # storage id -> bytes, for storages created while watching
+        self.at_peak: list[tuple[str, tuple[int, ...], torch.dtype]] = []
+        # storage id -> (bytes, (operation, shape, dtype)), for storages created while watching
+        self._live: dict[int, tuple[int, tuple]] = {}
         self._now = 0
         self._previous_profile = None
 
@@ -165,14 +170,16 @@ class TensorWatch(TorchDispatchMode):
             if key in self._live:
                 continue
             self.largest = max(self.largest, t.numel())
-            self._live[key] = storage.nbytes()
+            self._live[key] = (storage.nbytes(), (name, tuple(t.shape), t.dtype))
             self._now += storage.nbytes()
-            self.peak_bytes = max(self.peak_bytes, self._now)
+            if self._now > self.peak_bytes:
+                self.peak_bytes = self._now
+                self.at_peak = [what for _, what in sorted(self._live.values(), key=lambda e: -e[0])]
             weakref.finalize(storage, self._freed, key)  # runs when torch frees the storage
         return out
 
     def _freed(self, key: int) -> None:
-        self._now -= self._live.pop(key, 0)
+        self._now -= self._live.pop(key, (0, None))[0]
 
 
 _OP_INFO: dict = {}

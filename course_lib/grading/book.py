@@ -235,12 +235,13 @@ def failed_page(nb: nbformat.NotebookNode, fail: ChapterFailure) -> nbformat.Not
 def measure(chapter: str, on_cell=None) -> Run:
     """Execute ``chapter``'s solution and record what it glues (``_build/glue/NN_name.json``, read
     by release); fails if the prose quotes a name that the run did not glue."""
+    measured_with = glue.sources(chapter)  # before the run: an edit during it makes the record stale
     run = execute(config.solution_path(chapter), on_cell=on_cell)
     found = glue.values(run.nb)
     missing = [name for name in glue.used(run.nb) if name not in found]
     if missing:
         raise NotebookFailed(len(run.nb.cells) - 1, f"the prose quotes {missing}, which no cell glues")
-    glue.write(glue.build_path(chapter), found)
+    glue.write(glue.build_path(chapter), found, measured_with)
     return run
 
 

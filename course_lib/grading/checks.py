@@ -48,14 +48,17 @@ import copy
 import inspect
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = [
-    "assert_close", "assert_equal", "assert_true", "assert_grads_close", "assert_raises", "call_unchanged",
+    "assert_close", "assert_equal", "assert_follows_device", "assert_true", "assert_grads_close",
+    "assert_raises", "call_unchanged",
     "forbidding", "number", "rng", "to_float64", "tolerance",
 ]
 
@@ -316,24 +319,110 @@ def _judge_unchanged(changed, expected, what: str) -> None:
 
 
 def _name(fn) -> str:
-    """``torch.logsumexp``, ``Tensor.logsumexp``, ``torch.nn.functional.log_softmax``."""
+    """``torch.logsumexp``, ``Tensor.logsumexp``, ``torch.nn.functional.log_softmax``,
+    ``torch.ops.aten.native_layer_norm.default``."""
+    if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return f"torch.ops.{fn}"
+    name = getattr(fn, "__name__", None)
+    if not isinstance(name, str):
+        return repr(fn)[:80]
     if hasattr(fn, "__objclass__"):  # a tensor method
-        return f"Tensor.{fn.__name__}"
+        return f"Tensor.{name}"
     module = getattr(fn, "__module__", None) or "torch"
-    return f"{'torch' if module.startswith('torch._') else module}.{fn.__name__}"
+    if module.startswith("torch._") and getattr(torch, name, None) is fn:
+        module = "torch"  # torch._C._VariableFunctions.logsumexp is torch.logsumexp
+    return f"{module}.{name}"
+
+
+def _operator(name: str) -> str:
+    """The operator a torch name stands for, the same for the public function, its tensor method,
+    its binding and the aten operators behind it: ``native_layer_norm.default``, ``layer_norm`` and
+    ``aten::layer_norm`` give ``layer_norm``; ``_log_softmax``, ``special_log_softmax`` give
+    ``log_softmax``; ``nll_loss_forward``, ``nll_loss2d``, ``nll_loss_nd`` and ``nll_loss`` give
+    ``nll``; ``cross_entropy_loss`` and ``cross_entropy`` give ``cross_entropy``."""
+    n = name.lower().rsplit("::", 1)[-1].split(".")[0].strip("_")
+    n = re.sub(r"^(native|fused|special)_", "", n)
+    n = re.sub(r"_(forward|out)$", "", n)
+    n = re.sub(r"(_nd|2d)$", "", n)
+    return re.sub(r"_loss$", "", n)
+
+
+def _is_dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__")
+
+
+def _python_level(fn) -> bool:
+    """A torch function written in Python (``F.layer_norm``, ``Tensor.backward``): a public
+    function of its own, as opposed to a binding of one aten operator (``torch.layer_norm``,
+    ``x.softmax``, ``torch.ops.aten.native_layer_norm``, ``torch._C._nn.cross_entropy_loss``)."""
+    return hasattr(inspect.unwrap(fn), "__code__")
+
+
+class _Watch:
+    """What one ``forbidding`` block has seen: the names of the forbidden calls, and how deep the
+    code is inside an allowed torch function written in Python (whose own operators are its
+    business, not the answer's)."""
+
+    def __init__(self, functions):
+        self.funcs = frozenset(functions)
+        # operator -> the public name it is forbidden under (torch functions only: a course_lib
+        # function or a Python helper has no operator of its own)
+        self.operators: dict[str, str] = {}
+        for f in functions:
+            name = getattr(f, "__name__", "")
+            if name and not _is_dunder(name) and _name(f).startswith(("torch.", "Tensor.")):
+                self.operators.setdefault(_operator(name), _name(f))
+        self.called: list[str] = []
+        self.allowed_depth = 0
+        self.binding = None  # the last binding the answer called, to name it when its operator is refused
+
+    def record(self, name: str) -> None:
+        if name not in self.called:
+            self.called.append(name)
 
 
 class _CallWatch(torch.overrides.TorchFunctionMode):
     """Sees every torch function and tensor method the code inside calls directly, however it
-    was named (``torch.logsumexp``, ``x.logsumexp()``, an alias made at import time)."""
+    was named (``torch.logsumexp``, ``x.logsumexp()``, an alias made at import time), and every
+    binding of the same operator (``torch.layer_norm``, ``torch.ops.aten.native_layer_norm``)."""
 
-    def __init__(self, funcs, called: list[str]):
+    def __init__(self, watch: _Watch):
         super().__init__()
-        self.funcs, self.called = funcs, called
+        self.watch = watch
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in self.funcs and _name(func) not in self.called:
-            self.called.append(_name(func))
+        w, name = self.watch, getattr(func, "__name__", None)
+        alias = isinstance(name, str) and not _is_dunder(name) and _operator(name) in w.operators
+        if func in w.funcs or alias:
+            w.record(_name(func) if func in w.funcs or _name(func) in w.operators.values()
+                     else f"{_name(func)} (the operator of {w.operators[_operator(name)]})")
+        elif not _python_level(func):  # a binding: the operators it runs are judged below
+            w.binding = func
+            return func(*args, **(kwargs or {}))
+        w.allowed_depth += 1  # inside a function judged as a whole: its operators are not the answer's
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            w.allowed_depth -= 1
+
+
+class _OperatorWatch(TorchDispatchMode):
+    """Sees the aten operators that run outside any allowed torch function written in Python: a
+    forbidden function's operator reached through a binding of another name
+    (``torch._C._nn.nll_loss_nd``), or with torch-function modes switched off."""
+
+    def __init__(self, watch: _Watch):
+        super().__init__()
+        self.watch = watch
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        w = self.watch
+        if not w.allowed_depth and w.operators:
+            public = w.operators.get(_operator(func.__name__))
+            if public is not None:
+                binding = _name(w.binding) if w.binding is not None else ""
+                via = f"{binding}, which runs " if binding and binding != f"torch.ops.{func}" else ""
+                w.record(f"{via}torch.ops.{func} (the operator of {public})")
         return func(*args, **(kwargs or {}))
 
 
@@ -344,28 +433,37 @@ def forbidding(functions: Sequence[Callable], what: str):
     seen through a torch-function mode and Python functions (``torch.nn.utils.clip_grad_norm_``,
     ``course_lib``'s own) through their code objects, so renaming or aliasing a function does not
     hide the call; the calls are recorded and judged after the block, so catching an exception
-    inside does not hide them either. Calls made *by* a watched torch function are not counted."""
+    inside does not hide them either. Calls made *by* a watched torch function are not counted.
+
+    A forbidden torch function is also refused as its operator: every binding of the same aten
+    operator (``torch.layer_norm``, ``torch.native_layer_norm``, ``x.log_softmax``,
+    ``torch.ops.aten.native_layer_norm.default``, ``torch._C._nn.cross_entropy_loss``: the names
+    that ``_operator`` maps to one), and the operator itself wherever it runs outside an allowed
+    torch function written in Python. Such a function (``F.cross_entropy`` while only
+    ``log_softmax`` is forbidden) is judged as a whole: the operators it runs inside are its own,
+    so an allowed function that shares low-level operators with a forbidden one is not refused."""
     # A decorated function's own code, not its decorator's wrapper (shared by every function
     # @torch.no_grad() decorates, the student's own among them).
     unwrapped = [inspect.unwrap(f) for f in functions]
     codes = {f.__code__: _name(f) for f in unwrapped if hasattr(f, "__code__")}
-    called: list[str] = []
+    watch = _Watch(functions)
 
     def profile(frame, event, arg):
-        if event == "call" and frame.f_code in codes and codes[frame.f_code] not in called:
-            called.append(codes[frame.f_code])
+        if event == "call" and frame.f_code in codes:
+            watch.record(codes[frame.f_code])
 
     previous = sys.getprofile()
     if codes:  # a profile hook slows every call, so only when there is a Python function to see
         sys.setprofile(profile)
     sys.audit("course.forbidding", True)  # a graded run's guard: no thread starts in the block
     try:
-        with _eager(), _CallWatch(frozenset(functions), called):
+        operators = _OperatorWatch(watch) if watch.operators else contextlib.nullcontext()
+        with _eager(), operators, _CallWatch(watch):
             yield
     finally:
         sys.audit("course.forbidding", False)
         sys.setprofile(previous)
-        _check("forbidden", what, list(called), [])
+        _check("forbidden", what, list(watch.called), [])
 
 
 @contextlib.contextmanager
@@ -392,6 +490,118 @@ def _judge_forbidden(called, expected, what: str) -> None:
         name = called[0] if isinstance(called, list) else repr(called)
         raise AssertionError(f"{what}: the answer called {name}, which this exercise asks you not to use; "
                              "compute it yourself")
+
+
+def _to_meta(obj):
+    """``obj`` on PyTorch's meta device (shapes and dtypes, no values): tensors, modules (copied)
+    and lists, tuples and dicts of them; everything else as it is."""
+    if isinstance(obj, torch.Tensor):
+        meta = torch.empty_like(obj.detach(), device="meta")
+        return meta.requires_grad_() if obj.requires_grad else meta
+    if isinstance(obj, torch.nn.Module):
+        return copy.deepcopy(obj).to("meta")
+    if isinstance(obj, Mapping):
+        return type(obj)({k: _to_meta(v) for k, v in obj.items()})
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_meta(v) for v in obj)
+    return obj
+
+
+def _tensors(obj) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, Mapping):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors(v)]
+    return []
+
+
+# Operators that take tensors of another device by design: CPU indices into a GPU tensor, and a
+# copy into a tensor of the input's device. Into a tensor of another device, they keep the
+# answer's values there.
+_WRITES_ACROSS_DEVICES = {"copy_", "index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index",
+                          "_unsafe_index_put"}
+
+
+class _DeviceWatch(TorchDispatchMode):
+    """Notes each operator that combines a tensor on the meta device with a tensor of more than one
+    element made elsewhere: on a GPU that is an error ("expected all tensors to be on the same
+    device"), which the meta device does not always raise (a matmul with a CPU matrix runs there).
+    A 0-d CPU tensor mixes with any device, as on a GPU; so do CPU indices, and a copy into the
+    input's device (but not a copy of its values into a tensor on the CPU, nor ``x.cpu()``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.mixed: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        tensors = _tensors(list(args) + list((kwargs or {}).values()))
+        on_meta = [t.device.type == "meta" for t in tensors]
+        if any(on_meta):
+            name = func.__name__.split(".")[0]
+            if name in _WRITES_ACROSS_DEVICES:
+                mixed = isinstance(args[0], torch.Tensor) and args[0].device.type != "meta"
+            elif name == "_to_copy":  # x.cpu(), x.to("cpu"): the answer's values leave x's device
+                device = (kwargs or {}).get("device")
+                mixed = device is not None and torch.device(device).type != "meta"
+            else:
+                mixed = any(not m and t.dim() > 0 for t, m in zip(tensors, on_meta, strict=True))
+            if mixed:
+                self.mixed.append(f"torch.ops.{func}")
+        return func(*args, **(kwargs or {}))
+
+
+def _describe(out) -> list:
+    return [[t.device.type, list(t.shape), str(t.dtype).removeprefix("torch.")] for t in _tensors(out)]
+
+
+def assert_follows_device(fn: Callable, *args, what: str, **kwargs):
+    """For exercises whose text says the answer works on any device (a GPU as well as the CPU):
+    ``fn(*args, **kwargs)`` is called on the CPU and again with its tensors and modules on PyTorch's
+    ``meta`` device, which has shapes and dtypes but no values, so that a tensor the answer makes
+    on the CPU instead of its input's device shows without a GPU. The check fails if the answer
+    then combines the input's device with a tensor made elsewhere, or returns tensors that are not
+    on the meta device or not of the shapes and dtypes it returns on the CPU. An answer that needs
+    values to run (``.item()``, ``if x.any():``) cannot be run on meta: that is no error, and the
+    case then says nothing. Returns the CPU result."""
+    out = fn(*args, **kwargs)
+    meta_args, meta_kwargs = _to_meta(args), _to_meta(kwargs)
+    watch = _DeviceWatch()
+    error = None
+    try:
+        with watch:
+            meta_out = fn(*meta_args, **meta_kwargs)
+    except Exception as e:  # noqa: BLE001 (judged below: mixed devices, or values that meta has not)
+        error, meta_out = f"{type(e).__name__}: {e}"[:300], None
+    observed = {"mixed": watch.mixed[:3], "error": error, "meta": _describe(meta_out), "cpu": _describe(out)}
+    _check("device", what, observed, None)
+    return out
+
+
+def _judge_device(observed, expected, what: str) -> None:
+    if not isinstance(observed, dict):
+        raise AssertionError(f"{what}: the device check recorded {observed!r:.80}")
+    hint = ("make every new tensor on the input's device (device=x.device, torch.zeros_like(x), "
+            "x.new_zeros(...))")
+    if observed.get("mixed"):
+        raise AssertionError(
+            f"{what}: with its inputs on another device than the CPU (here PyTorch's meta device), the "
+            f"answer brought in the CPU, in {observed['mixed'][0]} (a tensor made there, or values moved "
+            f"there); on a GPU that is an error or leaves the result on the CPU: {hint}")
+    if observed.get("error"):
+        return  # the answer needs values to run, which meta tensors do not have: nothing to judge
+    got, want = observed.get("meta") or [], observed.get("cpu") or []
+    if len(got) != len(want):
+        raise AssertionError(f"{what}: on the meta device the answer returned {len(got)} tensors, "
+                             f"on the CPU {len(want)}")
+    for (device, shape, dtype), (_, cpu_shape, cpu_dtype) in zip(got, want, strict=True):
+        if device != "meta":
+            raise AssertionError(f"{what}: for inputs on the meta device the answer returned a tensor on "
+                                 f"{device}: {hint}")
+        if [shape, dtype] != [cpu_shape, cpu_dtype]:
+            raise AssertionError(f"{what}: on the meta device the answer returned shape {tuple(shape)} and "
+                                 f"dtype {dtype}, on the CPU shape {tuple(cpu_shape)} and dtype {cpu_dtype}")
 
 
 def _grads(fn: Callable, inputs: Sequence[torch.Tensor], weights_seed: int, what: str):
@@ -457,4 +667,5 @@ def _judge_raises(raised, expected: list, what: str) -> None:
 
 
 JUDGES = {"close": _judge_close, "equal": _judge_equal, "unchanged": _judge_unchanged,
-          "grads": _judge_grads, "raises": _judge_raises, "true": _judge_true, "forbidden": _judge_forbidden}
+          "grads": _judge_grads, "raises": _judge_raises, "true": _judge_true, "forbidden": _judge_forbidden,
+          "device": _judge_device}

@@ -9,7 +9,8 @@ markdown cells becomes plain Markdown (:mod:`.markup`), which JupyterLab and Col
 The numbers the prose quotes with ``{glue:text}`` become the values of the book build's run
 (:mod:`.glue`): releasing copies the last build's values of the chapter, when there are any, into
 the committed record ``book/measured/NN_name.json``, and the student notebook is written from that
-record, so that regenerating it later (the sync test) gives the same file.
+record, so that regenerating it later (the sync test) gives the same file. Release refuses values
+measured by code that has changed since (:func:`.glue.check_current`).
 """
 
 from __future__ import annotations
@@ -59,9 +60,12 @@ def generate(chapter: str, release_dir: Path, grading_dir: Path | None = None) -
 def release(chapter: str) -> Path:
     """Regenerate ``notebooks/<chapter>/`` from the solution, replacing what was there."""
     sync_install_cell(chapter)
-    measured = glue.read(glue.build_path(chapter))
-    if measured:
-        glue.write(glue.record_path(chapter), measured)
+    built, record = glue.build_path(chapter), glue.record_path(chapter)
+    if built.is_file():  # the last build's values become the record, if this code measured them
+        glue.check_current(built, chapter)
+        glue.write(record, glue.read(built), glue.measured_with(built))
+    elif glue.read(record):
+        glue.check_current(record, chapter)
     with tempfile.TemporaryDirectory() as tmp:
         generate(chapter, Path(tmp), grading_dir=Path(tmp) / "grading")
         target = config.root() / "notebooks" / chapter

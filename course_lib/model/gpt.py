@@ -138,7 +138,8 @@ class GPT(nn.Module):
         if start + idx.shape[1] > c.context_length:
             raise ValueError(f"sequence of {start + idx.shape[1]} positions ({start} cached + "
                              f"{idx.shape[1]} new) exceeds context_length={c.context_length}")
-        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= c.vocab_size):
+        has_values = idx.numel() and idx.device.type != "meta"  # a meta tensor has a shape, no values
+        if has_values and (int(idx.min()) < 0 or int(idx.max()) >= c.vocab_size):
             raise ValueError(f"token ids must lie in 0 .. {c.vocab_size - 1} (vocab_size={c.vocab_size}), "
                              f"got min {int(idx.min())}, max {int(idx.max())}")
         if targets is not None and targets.shape != idx.shape:

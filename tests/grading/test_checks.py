@@ -3,11 +3,13 @@ formulation and rejects wrong ones, checks types only when asked, and says what 
 
 from __future__ import annotations
 
+import re
 import sys
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from course_lib.grading import checks
 
@@ -239,3 +241,124 @@ def test_torch_compile_runs_as_written_inside_forbidding_and_its_calls_are_seen(
     with pytest.raises(AssertionError, match="called Tensor.softmax"):
         with checks.forbidding([torch.Tensor.softmax], "no softmax"):
             answer(x)
+
+
+_X = torch.randn(3, 4, generator=checks.rng(7))
+_T = torch.tensor([0, 3, 1])
+_W, _B = torch.ones(4), torch.zeros(4)
+
+
+@pytest.mark.parametrize("ban, answer, called", [
+    (F.layer_norm, lambda: torch.ops.aten.native_layer_norm(_X, [4], _W, _B, 1e-5),
+     "torch.ops.aten.native_layer_norm (the operator of torch.nn.functional.layer_norm)"),
+    (F.layer_norm, lambda: torch.ops.aten.native_layer_norm.default(_X, [4], _W, _B, 1e-5),
+     "torch.ops.aten.native_layer_norm.default"),
+    (F.layer_norm, lambda: torch.ops.aten.layer_norm(_X, [4], _W, _B), "torch.ops.aten.layer_norm"),
+    (F.layer_norm, lambda: torch.layer_norm(_X, (4,), _W, _B), "torch.layer_norm"),
+    (F.layer_norm, lambda: torch.native_layer_norm(_X, (4,), _W, _B, 1e-5), "torch.native_layer_norm"),
+    (F.layer_norm, lambda: torch.nn.LayerNorm(4)(_X), "torch.nn.functional.layer_norm"),
+    (F.rms_norm, lambda: torch.ops.aten.rms_norm(_X, [4], _W), "torch.ops.aten.rms_norm"),
+    (F.softmax, lambda: torch.ops.aten._softmax(_X, -1, False), "torch.ops.aten._softmax"),
+    (F.softmax, lambda: torch._softmax(_X, -1, False), "torch._softmax"),
+    (F.softmax, lambda: _X.softmax(-1), "Tensor.softmax"),
+    (F.log_softmax, lambda: torch.ops.aten._log_softmax.default(_X, -1, False),
+     "torch.ops.aten._log_softmax.default"),
+    (F.log_softmax, lambda: torch.special.log_softmax(_X, -1), "torch._C._special.special_log_softmax"),
+    (F.cross_entropy, lambda: torch._C._nn.cross_entropy_loss(_X, _T), "torch._C._nn.cross_entropy_loss"),
+    (F.cross_entropy, lambda: torch.ops.aten.cross_entropy_loss(_X, _T), "torch.ops.aten.cross_entropy_loss"),
+    (F.nll_loss, lambda: torch._C._nn.nll_loss_nd(_X, _T), "torch._C._nn.nll_loss_nd"),
+    (F.nll_loss, lambda: torch.ops.aten.nll_loss_forward(_X, _T, None, 1, -100),
+     "torch.ops.aten.nll_loss_forward"),
+    (torch.logsumexp, lambda: torch.ops.aten.logsumexp(_X, [-1]), "torch.ops.aten.logsumexp"),
+])
+def test_forbidding_refuses_the_operators_behind_a_forbidden_function(ban, answer, called):
+    """Issue 49: torch.ops.aten.native_layer_norm passed the LayerNorm ban. Every binding of the
+    forbidden function's operator, and the aten operator itself, is refused under the ban."""
+    with pytest.raises(AssertionError, match=f"by hand: the answer called {re.escape(called)}"):
+        with checks.forbidding([ban], "by hand"):
+            answer()
+
+
+@pytest.mark.parametrize("ban", [F.layer_norm, F.log_softmax, torch.logsumexp])
+def test_forbidding_sees_the_operator_with_torch_function_modes_switched_off(ban):
+    """Only the operators are seen then. (A composite operator such as cross_entropy_loss runs
+    as its parts, log_softmax and nll_loss, which a cross-entropy ban allows.)"""
+    answer = {F.layer_norm: lambda: torch.layer_norm(_X, (4,)),
+              F.log_softmax: lambda: torch.log_softmax(_X, -1),
+              torch.logsumexp: lambda: _X.logsumexp(-1)}[ban]
+    with pytest.raises(AssertionError, match=r"called torch\.ops\.aten\."):
+        with checks.forbidding([ban], "by hand"):
+            with torch._C.DisableTorchFunction():
+                answer()
+
+
+@pytest.mark.parametrize("ban, answer", [
+    # public functions of their own that run the forbidden function's operator inside
+    (F.log_softmax, lambda: F.cross_entropy(_X, _T)),
+    (F.softmax, lambda: F.softmin(_X, -1)),
+    # the parts of a forbidden composite, each allowed
+    (F.cross_entropy, lambda: F.nll_loss(F.log_softmax(_X, -1), _T)),
+    (F.cross_entropy,
+     lambda: torch.ops.aten.nll_loss_forward(torch.ops.aten._log_softmax(_X, -1, False), _T, None, 1, -100)),
+    # other norms and the computation written out share low-level operators with LayerNorm
+    (F.layer_norm, lambda: F.group_norm(_X, 1)),
+    (F.layer_norm, lambda: F.batch_norm(_X, None, None, training=True)),
+    (F.layer_norm, lambda: (_X - _X.mean(-1, keepdim=True))
+     * torch.var_mean(_X, -1, correction=0, keepdim=True)[0].add(1e-5).rsqrt()),
+    (F.rms_norm, lambda: _X * _X.pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt() * _W),
+    (F.softmax, lambda: _X.log_softmax(-1).exp()),
+    (torch.Tensor.item, lambda: torch.allclose(_X, _X)),
+])
+def test_forbidding_does_not_refuse_allowed_functions_that_share_operators(ban, answer):
+    with checks.forbidding([ban], "by hand"):
+        answer()
+
+
+def _out_made_on_the_cpu(x):
+    out = torch.empty(x.shape)  # the CPU, whatever x's device
+    out[:] = 2 * x
+    return out
+
+
+def _statistics_filled_on_the_cpu(x):
+    mean = torch.zeros(x.shape[-1])  # the CPU: each x[..., d].mean() is copied there
+    for d in range(x.shape[-1]):
+        mean[d] = x[..., d].mean()
+    return x - mean
+
+
+@pytest.mark.parametrize("answer, called", [
+    (lambda x: x + torch.zeros(x.shape[-1]), "aten.add.Tensor"),
+    (lambda x: x / torch.tensor([x.shape[-1]]), "aten.div.Tensor"),  # one element, but not 0-d
+    (_statistics_filled_on_the_cpu, "aten.copy_"),
+    (lambda x: x @ torch.full((4, 1), 0.25), "aten.mm"),  # runs on meta, fails on a GPU
+    (lambda x: torch.einsum("ij,...j->...i", torch.eye(4), x), "aten.bmm"),
+    (lambda x: torch.where(x > 0, x, torch.zeros(3, 4)), "aten.where"),
+    (_out_made_on_the_cpu, "aten.copy_"),
+    (lambda x: x.cpu() * 2, "aten._to_copy"),
+])
+def test_a_tensor_made_on_the_cpu_inside_an_answer_shows_on_the_meta_device(answer, called):
+    """Issue 49: tensors made without device= are invisible on a CPU; on meta they show."""
+    x = torch.randn(3, 4, generator=checks.rng(1))
+    with pytest.raises(AssertionError, match=f"layer 1: .* the CPU, in torch.ops.{re.escape(called)}"):
+        checks.assert_follows_device(answer, x, what="layer 1")
+
+
+def test_answers_that_follow_their_input_s_device_pass_on_meta():
+    x = torch.randn(3, 4, generator=checks.rng(1))
+    lin = torch.nn.Linear(4, 2)
+    for answer in (lambda x: (x - x.mean(-1, keepdim=True)) / x.std(-1, keepdim=True),
+                   lambda x: x * torch.tensor(2.0),  # a 0-d CPU tensor mixes with any device
+                   lambda x: x[torch.arange(2)],  # CPU indices index a tensor of any device
+                   lambda x: x + torch.zeros(4, device=x.device) + torch.zeros(4).to(x.device),
+                   lambda x: torch.stack([row / row.norm() for row in x]),
+                   lambda x: x.double()):  # the same dtype on meta as on the CPU
+        out = checks.assert_follows_device(answer, x, what="f")
+        assert out.device.type == "cpu"  # the CPU result comes back
+    checks.assert_follows_device(lambda x, m: m(x), x, lin, what="a module argument")  # goes to meta too
+
+    def needs_values(x):  # cannot run on meta: the case says nothing
+        return x * 2 if bool((x < 100).all()) else x + torch.zeros(4)
+    checks.assert_follows_device(needs_values, x, what="f")
+    with pytest.raises(AssertionError, match="returned shape"):
+        checks.assert_follows_device(lambda x: x.sum() if x.device.type == "meta" else x, x, what="f")

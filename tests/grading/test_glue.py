@@ -6,10 +6,11 @@ from __future__ import annotations
 import re
 
 import nbformat
+import pytest
 from myst_nb.ext.glue import extract_glue_data_cell
 from nbclient import NotebookClient
 
-from course_lib.grading import book, glue
+from course_lib.grading import book, config, glue
 from tests.conftest import CHAPTERS, ROOT
 
 
@@ -64,3 +65,68 @@ def test_the_set_up_page_gets_the_self_checks_benchmark():
     substituted = set(re.findall(r"\{\{ (\w+) \}\}", (ROOT / "book" / "setup.md").read_text()))
     assert {k for k in substituted if k.startswith("selfcheck")} <= set(book.substitutions(
         {}, selfcheck={**record, "chapters": {c: record["chapters"]["03_transformer"] for c in CHAPTERS}}))
+
+
+def _little_course(root):
+    """A course of one chapter under ``root``: an install cell, prose quoting x, a cell gluing it;
+    course_lib with one module, one data file and the grading package."""
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("# Set-up: installs course_lib"),
+        nbformat.v4.new_markdown_cell("x is {glue:text}`x`."),
+        nbformat.v4.new_code_cell("glue.text('x', 1)")])
+    (root / "solutions" / "01_demo").mkdir(parents=True)
+    nbformat.write(nb, str(root / "solutions" / "01_demo" / "01_demo.ipynb"))
+    (root / "course_lib" / "grading").mkdir(parents=True)
+    (root / "course_lib" / "model.py").write_text("WIDTH = 1\n")
+    (root / "course_lib" / "run.csv").write_text("loss\n1.5\n")
+    (root / "course_lib" / "grading" / "tool.py").write_text("LIMIT = 1\n")
+
+
+def test_a_chapters_fingerprint_follows_its_code_and_course_lib_not_its_prose(tmp_path, monkeypatch):
+    monkeypatch.setattr(config, "root", lambda: tmp_path)
+    _little_course(tmp_path)
+    path = tmp_path / "solutions" / "01_demo" / "01_demo.ipynb"
+    first = glue.sources("01_demo")
+
+    def edited(edit) -> bool:
+        before = glue.sources("01_demo")
+        edit()
+        return glue.sources("01_demo") != before
+
+    def cell(i, text):
+        nb = nbformat.read(str(path), as_version=4)
+        nb.cells[i].source = text
+        nbformat.write(nb, str(path))
+
+    # what measures nothing: the prose, the install cell, the grading package, Python's caches
+    assert not edited(lambda: cell(1, "x, measured: {glue:text}`x`."))
+    assert not edited(lambda: cell(0, "# Set-up: installs course_lib from another branch"))
+    assert not edited(lambda: (tmp_path / "course_lib" / "grading" / "tool.py").write_text("LIMIT = 2\n"))
+    (tmp_path / "course_lib" / "__pycache__").mkdir()
+    assert not edited(lambda: (tmp_path / "course_lib" / "__pycache__" / "model.pyc").write_bytes(b"\0"))
+    assert glue.sources("01_demo") == first
+    # what measures: a code cell, a module, a recorded run, a new file
+    assert edited(lambda: cell(2, "glue.text('x', 2)"))
+    assert edited(lambda: (tmp_path / "course_lib" / "model.py").write_text("WIDTH = 2\n"))
+    assert edited(lambda: (tmp_path / "course_lib" / "run.csv").write_text("loss\n1.4\n"))
+    assert edited(lambda: (tmp_path / "course_lib" / "new.py").write_text(""))
+
+
+def test_values_measured_by_older_code_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(config, "root", lambda: tmp_path)
+    _little_course(tmp_path)
+    record = tmp_path / "book" / "measured" / "01_demo.json"
+    glue.write(record, {"x": "1"}, glue.sources("01_demo"))
+    glue.check_current(record, "01_demo")  # measured by this code: accepted
+    assert glue.read(record) == {"x": "1"}
+    (tmp_path / "course_lib" / "model.py").write_text("WIDTH = 2\n")  # a change to course_lib
+    with pytest.raises(glue.StaleRecord, match=r"make book CHAPTER=01_demo.*make release CHAPTER=01_demo"):
+        glue.check_current(record, "01_demo")
+    record.write_text('{"values": {"x": "1"}}\n')  # a record that does not say what measured it
+    with pytest.raises(glue.StaleRecord):
+        glue.check_current(record, "01_demo")
+
+
+def test_every_committed_record_was_measured_by_the_current_code():
+    for chapter in CHAPTERS:
+        glue.check_current(glue.record_path(chapter), chapter)  # says how to measure it again

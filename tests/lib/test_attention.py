@@ -8,6 +8,8 @@ attention when keys share a norm). Gradients are compared with torch.autograd.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -542,6 +544,28 @@ def test_tiled_attention_never_holds_the_score_matrix():
     assert tiled.largest <= 2 * S_ * max(block, 16)  # a block of scores or the (B, H, S, Dv) output
     assert tiled.peak_bytes < naive.peak_bytes / 4
     assert "aten.bmm" in naive.ops and not any("scaled_dot_product" in op for op in tiled.ops)
+
+
+@pytest.mark.parametrize("how", ["mask", "is_causal", "none", "grad"])
+def test_naive_attention_holds_at_most_two_score_sized_tensors(how):
+    """The scores and the weights the softmax writes from them (chapter 02 quotes the peak): a
+    score matrix scaled through q, masked in place and freed once the weights exist."""
+    S_, Sk_ = 64, 96
+    q, k, v = torch.randn(1, 2, S_, 8), torch.randn(1, 2, Sk_, 8), torch.randn(1, 2, Sk_, 8)
+    kwargs = {"mask": A.causal_mask(S_, Sk_)} if how in ("mask", "grad") else {}
+    if how == "is_causal":
+        k, v, Sk_ = k[..., :S_, :], v[..., :S_, :], S_
+        kwargs = {"is_causal": True}
+    q.requires_grad_(how == "grad")
+    with torch.no_grad() if how != "grad" else contextlib.nullcontext(), A.watch_tensors() as w:
+        out = A.scaled_dot_product_attention(q, k, v, **kwargs)
+    square = [shape for _, shape, _ in w.at_peak if shape[-2:] == (S_, Sk_) and len(shape) == 4]
+    assert len(square) <= 2, w.at_peak
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=kwargs.get("mask"), is_causal=how == "is_causal")
+    torch.testing.assert_close(out, want)
+    if how == "grad":
+        out.sum().backward()  # masking in place does not break the backward pass
+        assert q.grad is not None and torch.isfinite(q.grad).all()
 
 
 def test_watch_tensors_counts_new_tensors_alive_at_once():

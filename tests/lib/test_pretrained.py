@@ -70,3 +70,9 @@ def test_chapter03_checkpoint_is_the_chapters_model_on_the_chapters_split():
     assert model.config == spec.model and not model.training
     _, val_ids = spec.corpus()
     assert T.evaluate(model, val_ids, spec.train) == pytest.approx(info["val_loss"], abs=0.05)
+    # the recipe's other seeds, scored like the chapter scores the shipped model (val_loss_all)
+    assert sorted(info["other_seeds"]) == sorted(spec.other_seeds) == [1, 2]
+    losses = [info["val_loss_all"], *info["other_seeds"].values()]
+    assert all(1.0 < x < 2.0 for x in losses) and max(losses) - min(losses) < 0.05
+    head = val_ids[:20_000]  # a slice: the whole split takes the chapter's time, not the tests'
+    assert P.loss_all(model, head) == pytest.approx(T.evaluate_all(model, head, stride=32), rel=1e-6)

@@ -298,12 +298,70 @@ def test_evaluate_all_scores_every_target_once():
         last, _ = gpt(ids[-S - 1:-1][None])  # the window whose targets end at the last index, 87
         nll += torch.nn.functional.cross_entropy(last[0, -7:], ids[-7:], reduction="sum")  # targets 81 .. 87
     gpt.train()
-    assert T.evaluate_all(gpt, ids, batch_size=2) == pytest.approx(nll.item() / (len(ids) - 1), rel=1e-5)
+    want = nll.item() / (len(ids) - 1)
+    assert T.evaluate_all(gpt, ids, stride=S, batch_size=2) == pytest.approx(want, rel=1e-5)
     assert gpt.training  # the mode it had
     exact = ids[:3 * S + 1]  # whole windows only
     with torch.no_grad():
         logits, _ = gpt.eval()(exact[:-1].view(3, S))
         want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), exact[1:])
-    assert T.evaluate_all(gpt, exact) == pytest.approx(want.item(), rel=1e-5)
+    assert T.evaluate_all(gpt, exact, stride=S) == pytest.approx(want.item(), rel=1e-5)
     with pytest.raises(ValueError, match="at least context_length"):
         T.evaluate_all(gpt, ids[:S])
+    for stride in (0, S + 1):
+        with pytest.raises(ValueError, match="stride"):
+            T.evaluate_all(gpt, ids, stride=stride)
+
+
+def _sliding_reference(gpt, ids):
+    """Each target ids[t] predicted by its own forward pass over the (up to) S tokens before it."""
+    S, total = gpt.config.context_length, 0.0
+    with torch.no_grad():
+        for t in range(1, len(ids)):
+            x = ids[max(0, t - S):t][None]  # (1, min(t, S))
+            logits, _ = gpt(x)
+            total += torch.nn.functional.cross_entropy(logits[0, -1:], ids[t:t + 1]).item()
+    return total / (len(ids) - 1)
+
+
+@pytest.mark.parametrize("stride", [1, 3])
+def test_evaluate_all_with_a_sliding_window_gives_each_target_all_the_context_it_can_take(stride):
+    """stride=1 is one forward pass per target over all the context the model takes (the
+    reference, target by target); a stride s gives every target after the first window at least
+    S - s + 1 tokens, exactly the reference's for the targets whose window is full."""
+    gpt = _model().eval()
+    S = gpt.config.context_length
+    ids = torch.randint(0, 256, (2 * S + 5,), generator=torch.Generator().manual_seed(1))
+    got = T.evaluate_all(gpt, ids, stride=stride, batch_size=3)
+    if stride == 1:
+        assert got == pytest.approx(_sliding_reference(gpt, ids), rel=1e-5)
+    else:  # the windows ending at each scored target, rebuilt by hand
+        starts = list(range(0, len(ids) - S, stride))
+        starts += [len(ids) - 1 - S] if starts[-1] != len(ids) - 1 - S else []
+        scored, total = 0, 0.0
+        with torch.no_grad():
+            for a in starts:
+                logits, _ = gpt(ids[a:a + S][None])
+                nll = torch.nn.functional.cross_entropy(logits[0], ids[a + 1:a + S + 1], reduction="none")
+                fresh = [p for p in range(S) if a + p + 1 > scored]
+                total += nll[fresh].sum().item()
+                scored = a + S
+        assert got == pytest.approx(total / (len(ids) - 1), rel=1e-5)
+
+
+def test_loss_by_position_is_the_mean_loss_at_each_position_of_the_windows():
+    gpt = _model().eval()
+    S = gpt.config.context_length
+    ids = torch.randint(0, 256, (4 * S + 3,), generator=torch.Generator().manual_seed(2))
+    for stride in (None, 5):
+        starts = list(range(0, len(ids) - S, stride or S))
+        with torch.no_grad():
+            logits, _ = gpt(torch.stack([ids[a:a + S] for a in starts]))  # (W, S, V)
+            targets = torch.stack([ids[a + 1:a + S + 1] for a in starts])  # (W, S)
+            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+            want = nll.mean(0)
+        got = T.loss_by_position(gpt, ids, stride=stride, batch_size=2)
+        assert got.shape == (S,) and got.dtype == torch.float64
+        torch.testing.assert_close(got, want.double(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="at least context_length"):
+        T.loss_by_position(gpt, ids[:S])

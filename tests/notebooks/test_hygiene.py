@@ -226,3 +226,77 @@ def test_notebooks_do_not_redefine_course_lib_outside_exercises(chapter):
         python = re.sub(r"^\s*[%!].*$", "", cell.source, flags=re.M)  # IPython magics are not Python
         defined = {n.name for n in ast.parse(python).body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
         assert not defined & known, f"cell {i} redefines {sorted(defined & known)}: use course_lib's"
+
+
+# What a written question is. A manually graded answer cell (nbgrader ``solution: true,
+# grade: true``, markdown or code) has no tests: the student answers the text above it, so that
+# text must ask something. The prompt is the last paragraph of the markdown cell right before the
+# answer, and it asks when it has a sentence that ends with "?" or an instruction to the student:
+# one of the verbs below opening a sentence, or a clause after a comma or a colon ("Explain why
+# ...", "In at most five sentences: say what ...", "For each model, estimate ..."). Narrative
+# that only invites the reader to experiment ("Change `lr` and rerun ...") is not a question.
+_INSTRUCTIONS = ("explain", "describe", "say", "give", "estimate", "compare", "argue", "justify",
+                 "discuss", "predict", "derive", "write", "answer", "decide", "identify", "propose")
+_ASKS = re.compile(r"(?:\A|[.:;!?]\s+|,\s+)(?:then\s+|also\s+|now\s+)?(?:" + "|".join(_INSTRUCTIONS) + r")\b"
+                   r"|\?(?:\s|\Z)", re.I)
+
+
+def _prompt_of(nb, i: int) -> str:
+    """The paragraph a student reads right before answer cell ``i`` ("" if no markdown is there)."""
+    before = nb.cells[i - 1] if i > 0 else None
+    if before is None or before.cell_type != "markdown" or notebook.nbgrader_meta(before).get("solution"):
+        return ""
+    text = re.sub(r"^(```|~~~).*?^\1\s*$", "", before.source, flags=re.S | re.M).strip()  # fenced blocks
+    paragraphs = [p for p in re.split(r"\n\s*\n", text) if p.strip() and not p.lstrip().startswith("#")]
+    return paragraphs[-1].strip() if paragraphs else ""
+
+
+def _answers_without_a_question(nb) -> list[str]:
+    """The grade_ids of manually graded answer cells whose prompt asks nothing."""
+    bad = []
+    for i, cell in enumerate(nb.cells):
+        meta = notebook.nbgrader_meta(cell)
+        if meta.get("solution") and meta.get("grade") and not _ASKS.search(_prompt_of(nb, i)):
+            bad.append(meta.get("grade_id", f"cell {i}"))
+    return bad
+
+
+def _written(*cells) -> nbformat.NotebookNode:
+    """A notebook of markdown cells; the one given as ("answer", text) is a manually graded answer."""
+    nb = nbformat.v4.new_notebook()
+    for cell in cells:
+        if isinstance(cell, tuple):
+            answer = nbformat.v4.new_markdown_cell(cell[1])
+            answer.metadata["nbgrader"] = {"grade_id": "ex_q", "solution": True, "grade": True, "points": 2}
+            nb.cells.append(answer)
+        else:
+            nb.cells.append(nbformat.v4.new_markdown_cell(cell))
+    return nb
+
+
+def test_the_question_check_finds_an_answer_cell_without_a_question():
+    answer = ("answer", "### BEGIN SOLUTION\nAt initialization ...\n### END SOLUTION")
+    # chapter 04 before issue 49: the prompt was lost when the prose above it was rewritten
+    lost = ("Is the gap between the two arrangements more than the luck of one draw? The thin lines are\n"
+            "seeds 1 and 2.\n\nA small experiment like this one is fragile: with other seeds or learning "
+            "rates the stuck\nrun may escape late. Change `lr`, the warm-up in `runs` or the seeds and rerun "
+            "the\ntraining cells to see how robust the picture is.")
+    assert _answers_without_a_question(_written(lost, answer)) == ["ex_q"]
+    assert _answers_without_a_question(_written(answer)) == ["ex_q"]
+    heading_only = _written("## Written question: warm-up (2 points)", answer)
+    assert _answers_without_a_question(heading_only) == ["ex_q"]
+    for prompt in ["## Written question (2 points)\n\nIn at most five sentences: say what each one counts.",
+                   "Explain, in three to five sentences, why attention divides by $\\sqrt{D_h}$.",
+                   "For each of the two models, estimate the share that tying saves. Then give one argument.",
+                   "Which of the two arrangements needs a final norm, and why?",
+                   f"{lost}\n\n## Written question\n\nUsing the figures, explain why."]:
+        assert _answers_without_a_question(_written(prompt, answer)) == [], prompt
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_written_question_is_asked(chapter):
+    """A manually graded answer cell follows the question it answers (see ``_ASKS``)."""
+    nb = notebook.read(config.solution_path(chapter))
+    assert _answers_without_a_question(nb) == [], (
+        "answer cells with no question right above them (the last paragraph of the markdown cell before "
+        "the answer must ask: a sentence ending in '?' or an instruction such as 'Explain ...')")
