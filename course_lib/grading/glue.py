@@ -23,8 +23,6 @@ import json
 import re
 from pathlib import Path
 
-import nbformat
-
 from . import config
 
 PREFIX = "application/papermill.record/"
@@ -85,6 +83,8 @@ def sources(chapter: str) -> str:
     solution's code cells after the install cell (markdown only quotes values), and the bytes of
     every file under ``course_lib/`` except the grading package (which measures nothing a page
     quotes) and Python's caches: modules, shipped checkpoints and recorded runs alike."""
+    import nbformat  # here, not at the top: a student notebook imports this module without nbformat (Colab)
+
     digest = hashlib.sha256()
     nb = nbformat.read(str(config.solution_path(chapter)), as_version=4)
     for cell in nb.cells[1:]:
