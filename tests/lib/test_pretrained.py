@@ -7,6 +7,7 @@ build writes a file that loads back; an unknown name fails with a message naming
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -38,12 +39,19 @@ def test_shipped_checkpoint_is_small_and_keeps_its_validation_loss():
 
 
 def test_a_short_build_runs_and_loads_back(tmp_path):
-    path = P.build(tmp_path / "sub" / "tiny.pt", max_steps=3, progress=False)
+    # the recipe on 50,000 characters, with one more seed: build scores every validation byte twice
+    # per seed (val_loss_all) and as many training bytes once, which on the whole corpus takes minutes
+    small = dataclasses.replace(SPEC, max_chars=50_000, other_seeds=(1,))
+    path = P.build(tmp_path / "sub" / "tiny.pt", max_steps=3, progress=False, spec=small)
     assert path == tmp_path / "sub" / "tiny.pt" and not (tmp_path / "sub" / "tiny.pt.tmp").exists()
     info = P.load_info(path)
     assert info["steps"] == 3 and info["train_config"]["max_steps"] == 3 and "state_dict" not in info
     assert math.isfinite(info["val_loss"]) and info["val_loss"] < math.log(256) + 0.5
     assert info["val_loss"] == pytest.approx(info["val_loss_fp32"], abs=1e-2)  # fp16 costs ~nothing
+    _, val_ids = small.corpus()
+    assert info["val_loss_all"] == pytest.approx(P.loss_all(P.load(path), val_ids), rel=1e-6)
+    assert list(info["other_seeds"]) == [1] and math.isfinite(info["other_seeds"][1])
+    assert info["other_seeds"][1] != info["val_loss_all"] and math.isfinite(info["train_loss_all"])
     model = P.load(path)
     assert model.config == SPEC.model and not model.training
     stored = torch.load(path, weights_only=True)["state_dict"]
