@@ -18,10 +18,11 @@ Grading
    again gives the same notes), each notebook executed in the sandbox of ``sandbox.py``;
 5. writes feedback HTML per student (no hidden tests in it, see ``feedback.py``; a process per CPU),
    the chapter's table ``<grading>/grades/<chapter>.csv`` (one row per student of the export:
-   name, LMS id, points per exercise and written question, sums, problem, notes, flags), its
-   summary per exercise (``grades/<chapter>-summary.txt`` and ``.png``) and the gradebook of every
+   name, LMS id, points per exercise and written question, sums, problem, notes, flags, the known
+   mistakes its failed exercises make), its summary per exercise (``grades/<chapter>-summary.txt``
+   and ``.png``: scores, and how many students made each known mistake) and the gradebook of every
    chapter graded so far, ``<grading>/gradebook.csv``, for the LMS (see ``gradebook.py``).
-   Problems, notes and flags are kept in ``<grading>/graded/<chapter>.json`` so that ``export``
+   Problems, notes, flags and mistakes are kept in ``<grading>/graded/<chapter>.json`` so that ``export``
    writes the same rows after manual grading.
 
 Whatever one submission holds is that student's problem alone: each step per student (staging,
@@ -55,6 +56,7 @@ from . import (
     config,
     flags,
     gradebook,
+    mistakes,
     nbgrader_cli,
     notebook,
     release,
@@ -64,6 +66,7 @@ from . import (
     verdicts,
 )
 from .failures import failure_cause
+
 
 def _students(chapter: str, g: Path) -> list[str]:
     """Every student with a folder or in the collect manifest (a row each, whatever happened)."""
@@ -129,6 +132,11 @@ def grade(chapter: str, grading_dir: Path | None = None, jobs: int | None = None
 
     keys, reports = out / "keys", out / "reports" / chapter
     verdicts.answer_key(chapter, keys)  # made once, before the students (fails if the solution fails)
+    try:  # the known mistakes, once too; without them the verdicts stand and name no mistake
+        mistakes.key(chapter, keys)
+    except Exception as e:  # noqa: BLE001 (naming mistakes is a help, never a reason not to grade)
+        print(f"No mistakes will be named: the mistake key of {chapter} could not be made "
+              f"({type(e).__name__}: {safe_text.plain(e)[:300]})", flush=True)
     extra = [f"--SandboxedExecute.answer_keys={keys}", f"--SandboxedExecute.report_dir={reports}"]
     if unsandboxed:
         extra.append("--SandboxedExecute.allow_unsandboxed=True")
@@ -195,6 +203,9 @@ def _read_report(report: Path, rec: dict) -> None:
         return
     rec["flags"] += [safe_text.plain(f)[:300] for f in flags_]
     rec["notes"] += [safe_text.plain(n)[:300] for n in notes]
+    found = found.get("mistakes")  # per failed exercise: a known mistake's why, "" or None
+    rec["mistakes"] = {safe_text.plain(k)[:100]: None if v is None else safe_text.plain(v)[:300]
+                       for k, v in found.items()} if isinstance(found, dict) else {}
 
 
 def usable_cpus() -> int:
@@ -303,7 +314,7 @@ def _write_outputs(chapter: str, g: Path, students: list[str], record: dict) -> 
                 feedback_problems[student] = why
                 print(f"Feedback for {safe_text.plain(student)}: {why}", flush=True)
     path = gradebook.write_grades_csv(chapter, students, g, record, feedback_problems)
-    gradebook.write_summary(path)
+    gradebook.write_summary(path, record)
     gradebook.write_combined(g)
     return path
 

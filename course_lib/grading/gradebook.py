@@ -5,7 +5,8 @@ Under the grading folder:
 - ``grades/<chapter>.csv``: one row per student of the chapter's export (:func:`write_grades_csv`);
   grading one chapter never touches another's table;
 - ``grades/<chapter>-summary.txt`` and ``grades/<chapter>-summary.png``: per exercise, the mean
-  score and the share of students with full marks (:func:`write_summary`);
+  score, the share of students with full marks and how many made each known mistake
+  (:func:`write_summary`);
 - ``gradebook.csv``: every chapter's table joined, one row per student (``student``, ``name``,
   ``lms_id``), a column per chapter and exercise (``01_tokenization:ex_merge``) and per chapter
   the totals (``01_tokenization:total``, ``01_tokenization:max``) (:func:`write_combined`). Moodle
@@ -35,8 +36,9 @@ def write_grades_csv(chapter: str, students: list[str], grading_dir: Path, recor
     autograded exercise and per written question (empty until graded by hand in the formgrader),
     the autograded sum and maximum, the overall ones, the problem that stopped grading (then every
     score is 0; a feedback page that could not be written is said there too, and costs nothing),
-    the repairs made to the notebook's metadata, the flags for a person to read and the answers
-    much like another student's or a reference's (:mod:`similarity`). Names, problems
+    the repairs made to the notebook's metadata, the flags for a person to read, the known mistakes
+    the failed exercises make (``ex_name: why``, :mod:`.mistakes`) and the answers much like
+    another student's or a reference's (:mod:`similarity`). Names, problems
     and every other text come from students' files: each text cell is :func:`safe_text.cell` and
     quoted, so that no cell is a formula and no separator in a text starts a new cell."""
     from nbgrader.api import Gradebook, MissingEntry
@@ -71,12 +73,14 @@ def write_grades_csv(chapter: str, students: list[str], grading_dir: Path, recor
                            total=sub.score, max=sub.max_score)
             if student in feedback_problems:
                 row["problem"] = "; ".join(filter(None, [row["problem"], feedback_problems[student]]))
+            row["mistakes"] = "; ".join(f"{name}: {why}" for name, why in (rec.get("mistakes") or {}).items()
+                                        if why and not row["problem"])
             rows.append(row)
     similar = _similar(chapter, grading_dir)
     for row in rows:
         row["similar"] = similar.get(row["student"], "")
     fields = ["student", "name", "lms_id", "chapter", *exercises, *written, *TOTALS,
-              "problem", "notes", "flags", "similar"]
+              "problem", "notes", "flags", "mistakes", "similar"]
     path = grades_path(chapter, grading_dir)
     _write_csv(path, fields, rows)
     return path
@@ -152,27 +156,73 @@ def summarize(grades_csv: Path) -> list[dict]:
     return out
 
 
-def write_summary(grades_csv: Path) -> tuple[Path, Path]:
+def mistake_counts(grades_csv: Path, record: dict) -> dict[str, dict]:
+    """Per exercise, of the students graded without a problem who did not get full marks: how many
+    made each known mistake (``named``, by its why), how many another (``unnamed``) and how many
+    left it unanswered (``unanswered``)."""
+    with grades_csv.open(encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    nb = notebook.read(config.solution_path(rows[0]["chapter"]))
+    out = {}
+    for ex in notebook.exercises(nb):
+        named: dict[str, int] = {}
+        unnamed = unanswered = 0
+        for row in rows:
+            if row["problem"] or float(row[ex.name]) >= ex.points:
+                continue
+            found = (record.get(row["student"]) or {}).get("mistakes") or {}
+            why = found.get(ex.name, "")
+            if why is None:
+                unanswered += 1
+            elif why:
+                named[why] = named.get(why, 0) + 1
+            else:
+                unnamed += 1
+        out[ex.name] = {"named": dict(sorted(named.items(), key=lambda kv: (-kv[1], kv[0]))),
+                        "unnamed": unnamed, "unanswered": unanswered}
+    return out
+
+
+def write_summary(grades_csv: Path, record: dict | None = None) -> tuple[Path, Path]:
     """``<chapter>-summary.txt`` (printed too) and ``<chapter>-summary.png`` beside the chapter's
-    grades CSV."""
+    grades CSV: per exercise the mean score and the share with full marks and, from the grading
+    ``record``, how many students made each known mistake (:func:`mistake_counts`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     stats = summarize(grades_csv)
+    counts = mistake_counts(grades_csv, record or {})
     width = max(len(s["exercise"]) for s in stats)
     lines = [f"{'exercise':<{width}}  mean / points  full marks"]
     lines += [f"{s['exercise']:<{width}}  {s['mean']:5.2f} / {s['points']:<5g}  {s['full_marks']:6.0%}"
               for s in stats]
+    lines += ["", "Students without full marks, by the known mistake their answer makes:"]
+    for name, c in counts.items():
+        if not (c["named"] or c["unnamed"] or c["unanswered"]):
+            continue
+        lines.append(f"{name}")
+        lines += [f"  {n:4d}  {why}" for why, n in c["named"].items()]
+        lines += [f"  {c['unnamed']:4d}  (a mistake the catalogue does not name)"] if c["unnamed"] else []
+        lines += [f"  {c['unanswered']:4d}  (not answered)"] if c["unanswered"] else []
     text = grades_csv.with_name(f"{grades_csv.stem}-summary.txt")
     text.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
-    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(stats)), 3))
-    ax.bar([s["exercise"].removeprefix("ex_") for s in stats], [100 * s["full_marks"] for s in stats])
-    ax.set_ylabel("students with full marks (%)")
-    ax.set_ylim(0, 100)
-    ax.tick_params(axis="x", rotation=30)
+    labels = [s["exercise"].removeprefix("ex_") for s in stats]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(5, 1.2 * len(stats)), 6), sharex=True)
+    top.bar(labels, [100 * s["full_marks"] for s in stats])
+    top.set_ylabel("students with full marks (%)")
+    top.set_ylim(0, 100)
+    below = [0] * len(stats)
+    for part, label in [("named", "a known mistake"), ("unnamed", "another mistake"),
+                        ("unanswered", "not answered")]:
+        heights = [sum(c["named"].values()) if part == "named" else c[part] for c in counts.values()]
+        bottom.bar(labels, heights, bottom=below, label=label)
+        below = [b + h for b, h in zip(below, heights, strict=True)]
+    bottom.set_ylabel("students without full marks")
+    bottom.legend(fontsize="small")
+    bottom.tick_params(axis="x", rotation=30)
     fig.tight_layout()
     png = grades_csv.with_name(f"{grades_csv.stem}-summary.png")
     fig.savefig(png, dpi=100)

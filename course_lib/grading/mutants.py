@@ -190,29 +190,18 @@ def _answers(chapter: str, nb) -> list[tuple[str, dict, str]]:
     return out
 
 
-def grade_recorded(chapter: str) -> list[Verdict]:
-    """Grade the references and both catalogues the way submissions are graded: each answer's tests
-    recorded by the runner of :mod:`verdicts` (in one child process, not in the sandbox) and
-    judged against the chapter's answer key, in this process."""
+def run_recorded(chapter: str, nb, answers: list[tuple[str, str]], timeout: float = 600) -> list[dict]:
+    """Each ``(grade_id, answer cell)`` of ``answers`` recorded by the tests of ``nb`` (the solution
+    notebook, or the student's for the visible tests) the way submissions are: by the runner of
+    :mod:`verdicts`, all in one child process (not in the sandbox: the catalogues are the
+    instructor's code). Returns the records in the order of ``answers``."""
     from . import verdicts
 
-    nb = notebook.read(config.solution_path(chapter))
-    key = verdicts.answer_key(chapter)
     by_name = {ex["name"]: ex for ex in verdicts.request(nb)["exercises"]}
-    answers = _answers(chapter, nb)
     req = verdicts.request(nb) | {"batch": True, "exercises": [
-        dict(by_name[entry["grade_id"]], name=f"{i} {entry['grade_id']}", answer=code)
-        for i, (_, entry, code) in enumerate(answers)]}
-    results = verdicts.run_elsewhere(req,
-                                       timeout=600, cwd=str(config.solution_path(chapter).parent))
-    out = []
-    for i, (kind, entry, _) in enumerate(answers):
-        result = results.get(f"{i} {entry['grade_id']}") or {}
-        problem = verdicts.judge(key[entry["grade_id"]], result)
-        if result.get("events"):  # a correct answer that the graded run flags is a false reject too
-            problem = f"{problem or 'passes'}; flagged: {'; '.join(result['events'])}"
-        out.append(Verdict(kind, entry["grade_id"], entry["why"], problem is not None, problem or ""))
-    return out
+        dict(by_name[name], name=f"{i} {name}", answer=code) for i, (name, code) in enumerate(answers)]}
+    results = verdicts.run_elsewhere(req, timeout=timeout, cwd=str(config.solution_path(chapter).parent))
+    return [results.get(f"{i} {name}") or {} for i, (name, _) in enumerate(answers)]
 
 
 def grade(chapter: str, setting: str | None = None, visible: bool = False) -> list[Verdict]:

@@ -11,6 +11,9 @@ The numbers the prose quotes with ``{glue:text}`` become the values of the book 
 the committed record ``book/measured/NN_name.json``, and the student notebook is written from that
 record, so that regenerating it later (the sync test) gives the same file. Release refuses values
 measured by code that has changed since (:func:`.glue.check_current`).
+
+Last, release makes the self-check's mistake key of the chapter from the notebook it wrote
+(:func:`.mistakes.write_visible`): the catalogue's mistakes recorded by the visible tests.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import config, glue, markup, nbgrader_cli, notebook
+from . import config, glue, markup, mistakes, nbgrader_cli, notebook
 
 
 def sync_install_cell(chapter: str) -> bool:
@@ -71,4 +74,5 @@ def release(chapter: str) -> Path:
         target = config.root() / "notebooks" / chapter
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(Path(tmp) / chapter, target)
+    mistakes.write_visible(chapter)  # the self-check's key, from the notebook just written
     return config.student_path(chapter)

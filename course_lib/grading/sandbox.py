@@ -71,7 +71,7 @@ import nbformat
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Bool, Enum, Integer, Unicode
 
-from . import config, failures, guard, notebook, verdicts, worker
+from . import config, failures, guard, mistakes, notebook, verdicts, worker
 from .watchdog import Watchdog, _kill, _tree
 from .worker import error_output
 
@@ -194,8 +194,13 @@ class SandboxedExecute(NbGraderPreprocessor):
         if why is not None:
             self.log.warning("grading WITHOUT a sandbox (allowed explicitly): %s", why)
         chapter = _chapter(nb, resources)
-        key = {} if chapter is None else verdicts.answer_key(
-            chapter, Path(self.answer_keys) if self.answer_keys else None)
+        keys = Path(self.answer_keys) if self.answer_keys else None
+        key = {} if chapter is None else verdicts.answer_key(chapter, keys)
+        try:  # made once by grade, before the students; naming a mistake never costs a grade
+            known = {} if chapter is None else mistakes.key(chapter, keys)
+        except Exception as e:  # noqa: BLE001
+            self.log.warning("no known mistakes will be named: %s: %s", type(e).__name__, e)
+            known = {}
         # 1. The notebook for feedback and manual grading: every cell but the tests (their outputs
         # are the verdicts) and, unless all_cells, the chapter's unchanged demonstrations. The
         # worker gets the test cells empty (it never runs them: no hidden test enters its sandbox),
@@ -234,7 +239,7 @@ class SandboxedExecute(NbGraderPreprocessor):
             except ValueError:
                 results, run_failure = {}, "the graded runs sent back no readable result"
         report = _judge_cells(executed, key, results, run_failure, reasons, release,
-                              fail_borrowed=self.borrowed_reference == "fail")
+                              fail_borrowed=self.borrowed_reference == "fail", known=known)
         report["notes"] += [unreadable] if unreadable else []
         _write_report(self.report_dir, resources, report)
         return executed, resources
@@ -396,12 +401,14 @@ def _clean_output(out):
 
 
 def _judge_cells(nb, key: dict, results: dict, failure: str | None, reasons: list[str], release=None,
-                 fail_borrowed: bool = False) -> dict:
+                 fail_borrowed: bool = False, known: dict | None = None) -> dict:
     """Put each exercise's verdict in its test cell (the only output a test cell has), with the
     points of the ``release`` (the instructor's notebook), and return the report: flags from the
-    graded runs and notes on limits reached. ``fail_borrowed``: an answer that ran its exercise's
-    course_lib reference fails (else it is flagged only)."""
-    flags, notes = [], []
+    graded runs, notes on limits reached and, per failed exercise, the known mistake it makes
+    (its ``why``; "" for none, None for an exercise not answered), named from the mistake key
+    ``known`` (:mod:`.mistakes`). ``fail_borrowed``: an answer that ran its exercise's course_lib
+    reference fails (else it is flagged only)."""
+    flags, notes, failed = [], [], {}
     for cell in nb.cells:  # a graded cell that no exercise of the key pairs with earns nothing
         if cell.cell_type == "code" and notebook.nbgrader_meta(cell).get("grade"):
             why = failure or "not an exercise"
@@ -428,6 +435,11 @@ def _judge_cells(nb, key: dict, results: dict, failure: str | None, reasons: lis
                        "write it yourself")
         if problem is not None and name in released:
             problem = _scrubbed(problem, release.cells[released[name].test_cell].source)
+        if problem is not None:
+            unanswered = str(result.get("error")).startswith("NotImplementedError")
+            mistake = None if unanswered else mistakes.name(key[name], (known or {}).get(name, []), result)
+            failed[name] = None if unanswered else mistake["why"] if mistake else ""
+            problem += f"\n{mistakes.hint_line(mistake)}" if mistake else ""
         cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"{name}: all tests passed\n")
                         ] if problem is None else [error_output("AssertionError", problem)]
         flags += [f"{name}: {event}" for event in events[:10] if isinstance(event, str)]
@@ -436,7 +448,7 @@ def _judge_cells(nb, key: dict, results: dict, failure: str | None, reasons: lis
     if any(o.get("ename") == "NotebookTimeLimit" for c in nb.cells if c.cell_type == "code"
            for o in c.get("outputs", [])):
         notes.append("the notebook's time limit stopped the run of its cells for feedback")
-    return {"flags": flags, "notes": notes}
+    return {"flags": flags, "notes": notes, "mistakes": failed}
 
 
 MAX_PROBLEM_CHARS = 2000

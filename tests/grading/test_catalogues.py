@@ -1,7 +1,8 @@
 """The graders' self-test, per chapter: the references and every correct answer of the acceptance
 catalogue pass, at least 90% of the mutants fail, every verdict is the same under each setting
 of the matrix (1 and 2 threads, native and portable CPU kernels, other global seeds), and the same
-as the verdict of a graded run judged against the answer key."""
+as the verdict of a graded run judged against the answer key; and the mistake keys name every
+mistake of the catalogue, never a correct answer, and no unseen mistake wrongly."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import functools
 import pytest
 import torch
 
-from course_lib.grading import config, mutants, notebook
+from course_lib.grading import config, mistakes, mutants, notebook
 from tests.conftest import CHAPTERS
 
 
@@ -35,9 +36,16 @@ def test_catalogue_covers_every_exercise(chapter, kind, least):
     counts = {name: sum(e["grade_id"] == name for e in catalogue) for name in names}
     assert {e["grade_id"] for e in catalogue} <= names, "entries for exercises that do not exist"
     assert all(n >= least for n in counts.values()), f"fewer than {least} {kind} entries: {counts}"
+    named = {"grade_id", "why", "hint"} if kind == "mutant" else {"grade_id", "why"}
     for e in catalogue:
-        assert set(e) in ({"grade_id", "why", "answer"}, {"grade_id", "why", "find", "replace"}), e
+        assert set(e) in (named | {"answer"}, named | {"find", "replace"}), e
         assert mutants.apply(e, solutions[e["grade_id"]]) != solutions[e["grade_id"]], e["why"]
+    if kind == "mutant":  # each mistake's hint is what a student sees when an answer makes it
+        assert all(isinstance(e["hint"], str) and 20 <= len(e["hint"]) <= 200 for e in catalogue), \
+            [e["why"] for e in catalogue if not 20 <= len(str(e["hint"])) <= 200]
+        whys = [(e["grade_id"], e["why"]) for e in catalogue]
+        assert len(set(whys)) == len(whys), "two mistakes of one exercise with the same why: the name " \
+            "a class's summary counts"
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -68,17 +76,75 @@ def test_every_verdict_is_the_same_in_every_setting(chapter):
     assert not split, "\n".join(split)
 
 
+@functools.cache
+def named(chapter: str, visible: bool) -> list[dict]:
+    """Every answer of the catalogues graded as submissions are, and named (:mod:`mistakes`)."""
+    return mistakes.measure(chapter, visible=visible, same_run=not visible)
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_graded_runs_judged_against_the_answer_key_give_the_in_process_verdicts(chapter):
     """How submissions are graded (each answer's tests recorded as data, the references left out,
     judged against the key made from the instructor's notebook) agrees with the self-check's way
-    (the tests judging in the answer's own process) on every answer of both catalogues."""
+    (the tests judging in the answer's own process) on every answer of both catalogues; and a
+    correct answer that the graded run flags is a false reject too."""
     in_process = next(iter(matrix_runs(chapter).values()))
-    recorded = mutants.grade_recorded(chapter)
-    differ = [f"{a.kind} {a.grade_id} ({a.why}): in process {'fails' if b.failed else 'passes'}, recorded "
-              f"{'fails' if a.failed else 'passes'} {a.detail}" for a, b in zip(recorded, in_process, strict=True)
-              if a.failed != b.failed]
+    recorded = named(chapter, visible=False)
+    differ = []
+    for kind in ("reference", "acceptance", "mutant"):
+        rows = [r for r in recorded if r["kind"] == kind]
+        verdicts_ = [v for v in in_process if v.kind == kind]
+        differ += [f"{kind} {a['grade_id']} ({a['why']}): in process {'fails' if b.failed else 'passes'}, "
+                   f"recorded {'fails' if a['failed'] else 'passes'} {a['problem']}"
+                   for a, b in zip(rows, verdicts_, strict=True) if a["failed"] != b.failed]
+    differ += [f"{r['kind']} {r['grade_id']} ({r['why']}) flagged: {r['events']}" for r in recorded
+               if r["events"] and r["kind"] in ("reference", "acceptance")]
     assert not differ, "\n".join(differ)
+
+
+def _misnamed(rows: list[dict]) -> list[str]:
+    """Correct answers named as a mistake, mutants named as another (not equivalent) mistake or not
+    at all, unseen mistakes named as a mistake their entry does not say they are."""
+    out = []
+    for r in rows:
+        if r["kind"] in ("reference", "acceptance") and (r["failed"] or r["named"]):
+            out.append(f"{r['kind']} {r['grade_id']} ({r['why']}): failed or named {r['named']!r}")
+        elif r["kind"] == "mutant" and r["in_key"] and r["named"] not in r["right"]:
+            out.append(f"mutant {r['grade_id']} ({r['why']}): named {r['named']!r}")
+        elif r["kind"] == "unseen" and r["named"] is not None and r["named"] not in r["right"]:
+            out.append(f"unseen {r['grade_id']} ({r['why']}): wrongly named {r['named']!r}")
+    return out
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_the_grader_names_each_known_mistake_and_no_correct_answer(chapter):
+    rows = named(chapter, visible=False)
+    assert not _misnamed(rows), "\n".join(_misnamed(rows))
+    in_key = [r for r in rows if r["in_key"]]
+    assert len(in_key) == sum(r["kind"] == "mutant" and r["failed"] for r in rows)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_the_self_check_names_each_known_mistake_by_the_shipped_key(chapter):
+    """The key shipped for the self-check (made by release, on another machine perhaps) names each
+    mistake the visible tests catch when it is graded again here, and never a correct answer."""
+    rows = named(chapter, visible=True)
+    assert not _misnamed(rows), "\n".join(_misnamed(rows))
+    caught = [r for r in rows if r["kind"] == "mutant" and r["failed"]]
+    assert caught and all(r["in_key"] for r in caught), "a mistake the visible tests catch is not in the key"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_the_unseen_mistakes_fail_and_are_spread_over_the_exercises(chapter):
+    import yaml
+
+    entries = yaml.safe_load(mistakes.unseen_path(chapter).read_text(encoding="utf-8"))
+    whys = {(e["grade_id"], e["why"]) for e in mutants.load_catalogue(chapter, "mutant")}
+    assert len(entries) >= 5
+    for e in entries:
+        assert all((e["grade_id"], why) in whys for why in e["same_as"]), e["why"]
+    rows = [r for r in named(chapter, visible=False) if r["kind"] == "unseen"]
+    assert all(r["failed"] for r in rows), [r["why"] for r in rows if not r["failed"]]
 
 
 def test_answer_entries_replace_the_solution_body_at_its_indentation():

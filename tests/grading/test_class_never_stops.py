@@ -92,7 +92,20 @@ def test_a_reports_text_arrives_as_one_readable_line(tmp_path):
                                   "notes": ["a\u202eb"]}), encoding="ascii")
     rec = {"problem": None, "notes": [], "flags": []}
     grade._read_report(report, rec)
-    assert rec == {"problem": None, "notes": ["a b"], "flags": ['calls evil =HYPERLINK("x") \ufffd']}
+    assert rec == {"problem": None, "notes": ["a b"], "flags": ['calls evil =HYPERLINK("x") \ufffd'],
+                   "mistakes": {}}
+
+
+def test_a_reports_mistakes_arrive_as_text_or_none(tmp_path):
+    report = tmp_path / "sam.json"
+    report.write_text(json.dumps({"mistakes": {"ex_a": "softmax over the queries\n=1", "ex_b": None,
+                                               "ex_c": "", "ex_d": 5}}))
+    rec = {"problem": None, "notes": [], "flags": []}
+    grade._read_report(report, rec)
+    assert rec["mistakes"] == {"ex_a": "softmax over the queries =1", "ex_b": None, "ex_c": "", "ex_d": "5"}
+    report.write_text(json.dumps({"mistakes": ["not", "a dict"]}))
+    grade._read_report(report, rec)
+    assert rec["mistakes"] == {}
 
 
 def test_records_are_written_whole_and_read_back_whatever_they_hold(tmp_path):

@@ -10,6 +10,7 @@ demonstration cell of the chapter changed.
 from __future__ import annotations
 
 import csv
+import html
 import os
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ import sys
 
 import pytest
 
-from course_lib.grading import config, grade, notebook, worker
+from course_lib.grading import config, grade, mistakes, notebook, worker
 from course_lib.grading import mutants as mutant_grader
 from tests.conftest import CHAPTERS, ROOT
 from tests.helpers import acceptance, answered, mutants, write
@@ -139,6 +140,22 @@ def test_summary_per_exercise_as_text_and_plot(graded):
     for name in _points():
         assert name in text
     assert (grading / "grades" / f"{CHAPTER}-summary.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_known_mistake_is_named_in_the_feedback_the_table_and_the_summary(graded):
+    """The one wrong answer is the first mistake of the catalogue: its student reads the hint under
+    the failed test, the table names it, and the summary counts it with the class's other
+    mistakes (the sampled student's) and the untouched notebook's exercises as not answered."""
+    grading, rows, mutant = graded
+    page = (grading / "feedback" / "one_wrong" / CHAPTER / f"{CHAPTER}.html").read_text(encoding="utf-8")
+    assert html.escape(mistakes.LEAD + mutant["hint"], quote=False) in page.replace("&#39;", "'")
+    assert rows["one_wrong"]["mistakes"] == f"{mutant['grade_id']}: {mutant['why']}"
+    assert rows["perfect"]["mistakes"] == rows["untouched"]["mistakes"] == ""
+    last = mutants(CHAPTER)[-1]
+    assert rows["sampled"]["mistakes"] == f"{last['grade_id']}: {last['why']}"
+    text = (grading / "grades" / f"{CHAPTER}-summary.txt").read_text()
+    assert f"     1  {mutant['why']}\n" in text and f"     1  {last['why']}\n" in text
+    assert text.count("     1  (not answered)") == len(_points())
 
 
 def test_manual_grades_reach_the_csv_after_export(graded):

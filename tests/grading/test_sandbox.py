@@ -12,7 +12,7 @@ import time
 import nbformat
 import pytest
 
-from course_lib.grading import config, notebook, sandbox, watchdog, worker
+from course_lib.grading import config, mistakes, notebook, sandbox, watchdog, worker
 from tests.conftest import CHAPTERS, ROOT, skip_or_fail
 
 
@@ -326,6 +326,26 @@ def test_only_outputs_come_back_from_the_worker_and_never_points_or_cells():
     assert len(out.evalue) < 101_000 and out.evalue.endswith("[900,000 more characters not kept]")
     executed, note = sandbox._with_outputs(submitted, "{not json", tests)
     assert "no readable notebook" in note and all(c.get("outputs", []) == [] for c in executed.cells)
+
+
+def test_a_failed_exercise_that_makes_a_known_mistake_says_so_and_the_report_names_it():
+    nb = _notebook()
+    for name in ("ex_a", "ex_b", "ex_c"):
+        test = nbformat.v4.new_code_cell("")
+        test.metadata["nbgrader"] = {"grade": True, "grade_id": name + config.TEST_SUFFIX, "points": 1}
+        nb.cells.append(test)
+    key = [{"kind": "equal", "what": "f(2)", "expected": 4, "params": {}}]
+    known = {name: [{"why": "adds instead of multiplying", "hint": "Look at the operator.",
+                     "record": {"checks": [{"kind": "equal", "actual": 3}], "error": None}}]
+             for name in ("ex_a", "ex_b", "ex_c")}
+    results = {"ex_a": {"checks": [{"kind": "equal", "what": "f(2)", "actual": 3}], "error": None},
+               "ex_b": {"checks": [{"kind": "equal", "what": "f(2)", "actual": 5}], "error": None},
+               "ex_c": {"checks": [], "error": "NotImplementedError:  (raised at line 2 of the answer)"}}
+    report = sandbox._judge_cells(nb, dict.fromkeys(results, key), results, None, [], known=known)
+    assert report["mistakes"] == {"ex_a": "adds instead of multiplying", "ex_b": "", "ex_c": None}
+    outs = [c.outputs[0] for c in nb.cells[-3:]]
+    assert outs[0].evalue.endswith("\nThis looks like a known mistake: Look at the operator.")
+    assert mistakes.LEAD not in outs[1].evalue + outs[2].evalue
 
 
 @pytest.mark.parametrize("fail_borrowed", [False, True])

@@ -14,7 +14,7 @@ import nbformat
 import pytest
 
 import course_lib
-from course_lib.grading import config, notebook, release
+from course_lib.grading import config, mistakes, notebook, release
 from tests.conftest import CHAPTERS, ROOT
 
 ALL_NOTEBOOKS = [config.solution_path(c) for c in CHAPTERS] + [config.student_path(c) for c in CHAPTERS]
@@ -64,6 +64,23 @@ def test_committed_student_notebook_equals_a_fresh_release(chapter, tmp_path):
     assert json.loads(fresh.read_text(encoding="utf-8")) == committed, (
         f"notebooks/{chapter} is out of sync with solutions/{chapter}: run `make release`"
     )
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_the_shipped_mistake_key_was_made_from_this_release(chapter):
+    shipped = mistakes.load_visible(chapter)
+    assert shipped.get("sources") == mistakes.sources(chapter), (
+        f"course_lib/grading/known_mistakes/{chapter}.json was made from another catalogue or notebook: "
+        "run `make release`")
+    assert set(shipped["exercises"]) == {ex.name for ex in notebook.exercises(notebook.read(
+        config.student_path(chapter)))}
+    # nothing of the hidden tests: none of the descriptions their checks give is a check of the key
+    solution = notebook.read(config.solution_path(chapter))
+    hidden = "\n".join(solution.cells[ex.test_cell].source for ex in notebook.exercises(solution))
+    hidden = re.findall(r"### BEGIN HIDDEN TESTS(.*?)### END HIDDEN TESTS", hidden, re.S)
+    described = {m for block in hidden for m in re.findall(r"what=f?[\"']([^\"'{]{12,})", block)}
+    whats = {c["what"] for e in shipped["exercises"].values() for c in e["key"]}
+    assert described and not {d for d in described if any(d in w for w in whats)}
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)

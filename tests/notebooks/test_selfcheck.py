@@ -10,7 +10,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from course_lib.grading import check, config, notebook
+from course_lib.grading import check, config, mistakes, notebook
 from tests.conftest import CHAPTERS, ROOT
 from tests.helpers import answered, mutants, write
 
@@ -30,6 +30,9 @@ def test_answered_notebook_passes_and_one_wrong_answer_fails_only_that_one(chapt
     results = {r.exercise: r for r in check.check(path)}
     assert results[mutant["grade_id"]].status == "FAIL"
     assert all(r.status == "PASS" for name, r in results.items() if name != mutant["grade_id"])
+    # the catalogue's first mistake, named under the FAIL by the key shipped with the course
+    assert results[mutant["grade_id"]].detail.endswith("\n" + mistakes.hint_line(mutant))
+    assert not any(mistakes.LEAD in r.detail for name, r in results.items() if name != mutant["grade_id"])
 
 
 def test_the_chapter_s_unchanged_demonstrations_are_skipped_and_changed_or_added_cells_run():
@@ -256,6 +259,7 @@ def test_one_exercise_alone_runs_on_the_setup_cells(tmp_path):
     [result] = check.check(path, exercise="causal_mask")
     assert result.exercise == "ex_causal_mask" and result.status == "FAIL"
     assert "dtype torch.bool" in result.detail and "the test, line" in result.detail
+    assert result.detail.endswith(mistakes.hint_line(wrong))
     assert [r.status for r in check.check(path, exercise="ex_rope")] == ["PASS"]
     with pytest.raises(ValueError, match="no exercise 'causal'.*causal_mask"):
         check.check(path, exercise="causal")
