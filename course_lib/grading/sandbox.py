@@ -196,8 +196,8 @@ class SandboxedExecute(NbGraderPreprocessor):
         chapter = _chapter(nb, resources)
         keys = Path(self.answer_keys) if self.answer_keys else None
         key = {} if chapter is None else verdicts.answer_key(chapter, keys)
-        try:  # made once by grade, before the students; naming a mistake never costs a grade
-            known = {} if chapter is None else mistakes.key(chapter, keys)
+        try:  # made once by grade, before the students (not per student: without a folder, none)
+            known = {} if chapter is None or keys is None else mistakes.key(chapter, keys)
         except Exception as e:  # noqa: BLE001
             self.log.warning("no known mistakes will be named: %s: %s", type(e).__name__, e)
             known = {}

@@ -84,6 +84,26 @@ def test_errors_are_the_same_mistake_wherever_in_the_answer_they_are_raised():
     assert _name(known, None, "no result came back from the tests: it ran past its limit") is None
 
 
+def test_an_error_that_sends_the_tests_elsewhere_is_the_same_mistake_when_it_does_so_the_same_way():
+    shape = _session(True, X.softmax(0))["checks"][0]
+
+    def record(error, kind="true"):
+        return {"checks": [shape, {"kind": kind, "what": "ok", "actual": True}], "error": error}
+
+    error = "ValueError: positions must lie in 0 .. 11 (raised at line 8 of the answer)"
+    known = [{"why": "off by one", "hint": "h", "record": mistakes._failures_only(KEY, record(error))}]
+    assert mistakes.name(KEY, known, record(error.replace("line 8", "line 2")))["why"] == "off by one"
+    assert mistakes.name(KEY, known, record("ValueError: another message")) is None
+    assert mistakes.name(KEY, known, record(error, kind="unchanged")) is None  # elsewhere, another way
+    assert mistakes.name(KEY, known, record(None)) is None  # another path with no error: another test
+
+
+def test_a_mistake_whose_tests_stop_before_any_check_is_not_kept():
+    entries = [{"grade_id": "ex_a", "why": "raises", "hint": "h"}, {"grade_id": "ex_a", "why": "wrong", "hint": "h"}]
+    records = [{"checks": [], "error": "ValueError: the profile has no minimum"}, _session(True, X.softmax(0))]
+    assert [m["why"] for m in mistakes._known({"ex_a": KEY}, entries, records)["ex_a"]] == ["wrong"]
+
+
 def test_a_run_stopped_by_a_limit_is_never_named():
     stopped = "no result came back from the tests: it ran past its limit of 60 CPU seconds"
     assert _name(_known((None, stopped)), None, stopped) is None
