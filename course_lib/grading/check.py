@@ -202,7 +202,8 @@ def cells_to_run(nb, exercise: str | None = None, all_cells: bool = False,
         return exercises, [*notebook.setup_cells(nb), ex.solution_cell, ex.test_cell]
     last = max((ex.test_cell for ex in exercises), default=-1)
     skip = set() if all_cells else notebook.unchanged_demonstrations(nb)
-    return exercises, [i for i, c in enumerate(nb.cells[: last + 1]) if c.cell_type == "code" and i not in skip]
+    return exercises, [i for i, c in enumerate(nb.cells[: last + 1])
+                       if c.cell_type == "code" and i not in skip]
 
 
 def check(path: Path, timeout: int | None = None, exercise: str | None = None,
@@ -273,7 +274,8 @@ def _as_graded(path: Path, nb, results: list[Result]) -> list[Result]:
         return results
     req["guard"] = True
     try:
-        runs = verdicts.run_elsewhere(req, 60 + 2 * req["timeout"] * len(req["exercises"]), cwd=str(path.parent))
+        runs = verdicts.run_elsewhere(req, 60 + 2 * req["timeout"] * len(req["exercises"]),
+                                      cwd=str(path.parent))
     except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
         why = str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__
         note = f"(not checked as the grader runs it: {why})"

@@ -18,7 +18,8 @@ We allow
 elementwise, where ``scale`` is the largest ``|reference|`` over the whole tensor (so an element
 that cancels to nearly zero is judged against the size of the values around it) unless the test
 passes the size of the terms that cancel, plus a floor of ``64 * tiny`` (the smallest normal
-number of the format) so that a value that legitimately underflows to 0 is not an error. For float32 and ``n = 1`` that is ``3.8e-6``; for
+number of the format) so that a value that legitimately underflows to 0 is not an error.
+For float32 and ``n = 1`` that is ``3.8e-6``; for
 ``n = 1000``, ``1.2e-4``. The factor 64 covers a few chained operations and ``u * n`` growth for
 short sums; a wrong answer (a missing scale, a wrong axis, an off-by-one) is off by far more.
 Tests whose answer goes through many layers pass ``terms`` = the number of multiply-adds along
@@ -63,7 +64,8 @@ __all__ = [
 ]
 
 # Unit roundoff (half the machine epsilon) of each floating-point format.
-_ROUNDOFF = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+_ROUNDOFF = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8,
+             torch.float16: 2.0**-11}
 SAFETY = 64  # chained operations and u * n growth of short sums, on any kernel or thread count
 _session = None  # a verdicts.Session while a graded run records or an answer key is made
 
@@ -94,7 +96,8 @@ def _recording() -> bool:
 
 
 def rng(seed: int) -> torch.Generator:
-    """A local CPU generator: ``torch.randn(..., generator=rng(0))`` gives the same inputs whatever ran before."""
+    """A local CPU generator: ``torch.randn(..., generator=rng(0))`` gives the same inputs whatever
+    ran before."""
     return torch.Generator().manual_seed(seed)
 
 
@@ -211,7 +214,8 @@ def _judge_equal(actual, expected, what: str, *, types=None, dtype=None) -> None
     if isinstance(expected, Mapping) or _structured(expected):
         _judge_structure(actual, expected, what)
         return
-    if isinstance(expected, (int, float, bool)) and not isinstance(actual, torch.Tensor) and not hasattr(actual, "shape"):
+    if isinstance(expected, (int, float, bool)) and not isinstance(actual, torch.Tensor) and \
+            not hasattr(actual, "shape"):
         ok = actual == expected
     else:
         got, want = _as_tensor(actual, what, "the answer"), _as_tensor(expected, what, "the reference")
@@ -266,7 +270,8 @@ def _judge_structure(actual, expected, what: str) -> None:
         raise AssertionError(f"{what}: expected a sequence, got a {type(actual).__name__}: {_short(actual)}")
     if list(actual) == list(expected):
         return
-    i = next((k for k, (a, b) in enumerate(zip(actual, expected)) if a != b), min(len(actual), len(expected)))
+    i = next((k for k, (a, b) in enumerate(zip(actual, expected, strict=False)) if a != b),
+             min(len(actual), len(expected)))
     want = repr(expected[i]) if i < len(expected) else "nothing more"
     got = repr(actual[i]) if i < len(actual) else "nothing more"
     raise AssertionError(f"{what}: expected {len(expected)} items, got {len(actual)}; item {i + 1}: "
@@ -626,7 +631,8 @@ def assert_grads_close(answer: Callable, reference: Callable, inputs: Sequence[t
     require grad: it must not detach them (``to_float64`` does), or it has no gradient to compare."""
     got = [leaf.grad for leaf in _grads(answer, inputs, seed, what)]
     want = None if _recording() else [
-        leaf.grad for leaf in _grads(reference, [to_float64(x) for x in inputs], seed, f"{what} (the reference)")]
+        leaf.grad for leaf in _grads(reference, [to_float64(x) for x in inputs], seed,
+                                     f"{what} (the reference)")]
     _check("grads", what, got, want, precision=precision, terms=terms)
 
 
@@ -648,7 +654,8 @@ def assert_raises(error: type[BaseException] | tuple, fn: Callable, *args, what:
         fn(*args, **kwargs)
         raised = None
     except Exception as e:  # noqa: BLE001 (any error is observed; only ``error`` passes)
-        raised = {"classes": [_class_name(c) for c in type(e).__mro__], "text": f"{type(e).__name__}: {e}"[:300]}
+        raised = {"classes": [_class_name(c) for c in type(e).__mro__],
+                  "text": f"{type(e).__name__}: {e}"[:300]}
     errors = error if isinstance(error, tuple) else (error,)
     _check("raises", what, raised, [_class_name(c) for c in errors])
 

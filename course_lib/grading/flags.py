@@ -8,7 +8,8 @@ hooks, frames, closures, code objects, ``gc``, ``ctypes``, ``inspect``, threads 
 changes to the libraries the tests call (``F.softmax = ...``, ``setattr(torch, ...)``, ``del
 math.pi``, through any alias the notebook imports). Whether an answer calls course_lib's
 reference for its own exercise is decided by what runs, not what is written: the graded run
-observes the reference by identity (:mod:`course_lib.grading.guard`). No verdict depends on any of this (verdicts are judged outside
+observes the reference by identity (:mod:`course_lib.grading.guard`).
+No verdict depends on any of this (verdicts are judged outside
 the sandbox from data, :mod:`course_lib.grading.verdicts`, whose graded runs also report what
 their answers ran); the flags are for a person to read, not a penalty.
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 import ast
 import re
 
-from . import config, notebook
+from . import notebook
 
 MODULES = {"gc": "gc", "ctypes": "ctypes", "threading": "threads",
            "_thread": "threads", "signal": "signal handlers"}

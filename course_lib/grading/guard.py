@@ -61,11 +61,11 @@ TRACEBACK_TEXT = {"print_exc", "format_exc", "print_exception", "format_exceptio
                   "format_exception_only"}
 # Modules that hand the interpreter's machinery to whoever calls them: an ``exec`` or ``compile``
 # raised in one of them is its caller's.
-MECHANISMS = {"inspect", "traceback", "threading", "_thread", "code", "codeop", "runpy", "pdb", "bdb", "cgitb",
-              "trace", "profile", "cProfile", "dis", "types", "functools", "operator", "contextlib", "signal",
-              "concurrent", "asyncio", "multiprocessing", "copy", "copyreg", "pickle", "weakref", "gc", "ctypes",
-              "importlib", "pkgutil", "zipimport", "timeit", "linecache", "tokenize", "io", "_io", "os",
-              "subprocess", "pty", "shutil", "logging"}
+MECHANISMS = {"inspect", "traceback", "threading", "_thread", "code", "codeop", "runpy", "pdb", "bdb",
+              "cgitb", "trace", "profile", "cProfile", "dis", "types", "functools", "operator", "contextlib",
+              "signal", "concurrent", "asyncio", "multiprocessing", "copy", "copyreg", "pickle", "weakref",
+              "gc", "ctypes", "importlib", "pkgutil", "zipimport", "timeit", "linecache", "tokenize", "io",
+              "_io", "os", "subprocess", "pty", "shutil", "logging"}
 THREAD_STARTS = {"_thread.start_new_thread", "_thread.start_new", "_thread.start_joinable_thread",
                  "threading._start_new_thread", "threading._start_joinable_thread"}
 MEMORY_FILES = ("mem", "pagemap")
@@ -150,7 +150,8 @@ def _trampoline_code(function: types.FunctionType, label: str) -> types.CodeType
                            "    return '_original'(*args, **kwargs)\n", "<reference>", "exec")
     code = next(c for c in template.co_consts if isinstance(c, types.CodeType))
     values = {"_audit": sys.audit, "_label": label, "_original": original}
-    return code.replace(co_consts=tuple(values.get(c, c) if isinstance(c, str) else c for c in code.co_consts),
+    return code.replace(co_consts=tuple(values.get(c, c) if isinstance(c, str) else c
+                                        for c in code.co_consts),
                         co_name=function.__code__.co_name, co_filename=function.__code__.co_filename,
                         co_firstlineno=function.__code__.co_firstlineno)
 
@@ -226,13 +227,15 @@ def install(fd: int, trusted: tuple[str, ...], current: list[str], untrusted_nam
             elif event == "course.library_changed" and not running_untrusted():  # by the runner
                 report(f"changed {str(args[0])[:80]} (put back for the tests)", "<answer>")
             elif event == "course.reference_given":  # by the runner: the answer's name is the reference
-                report(f"gave as its answer course_lib's {args[0]}, this exercise's reference", "the graded run")
+                report(f"gave as its answer course_lib's {args[0]}, this exercise's reference",
+                       "the graded run")
             elif event == "course.forbidding" and not running_untrusted():  # checks.forbidding's block
                 forbidding[0] = max(0, forbidding[0] + (1 if args[0] else -1))
             elif event == "course.guarded":
                 if str(args[0]) not in THREAD_STARTS or forbidding[0]:
-                        refuse(str(args[0]) if str(args[0]) not in THREAD_STARTS else "a thread, in a check of "
-                           "what the answer calls (it would call it out of the check's sight),", answer_on_stack(2))
+                    refuse(str(args[0]) if str(args[0]) not in THREAD_STARTS else "a thread, in a check of "
+                           "what the answer calls (it would call it out of the check's sight),",
+                           answer_on_stack(2))
             elif event.startswith("marshal.load"):  # importlib reads installed bytecode with it
                 refuse(event, culprit(1, skip=()))
             elif event == "object.__getattr__" and args[1] == "__code__" and id(args[0]) in watched:
@@ -243,7 +246,8 @@ def install(fd: int, trusted: tuple[str, ...], current: list[str], untrusted_nam
             elif event == "import" and args[0] in loaded and args[0] not in sys.modules:
                 refuse(f"importing {args[0]} again", answer_on_stack(1))
             elif event == "open" and raw_memory(args[0]):  # whoever opens it: the answer is running
-                refuse(f"reading raw memory ({os.fsdecode(args[0])[-40:]})", answer_on_stack(1) or "a library")
+                refuse(f"reading raw memory ({os.fsdecode(args[0])[-40:]})",
+                       answer_on_stack(1) or "a library")
             elif event == "open" and isinstance(args[0], (str, bytes)) and _is_code_file(args[0], library):
                 refuse(f"loading code from {os.fsdecode(args[0])[-80:]}", answer_on_stack(1))
             elif event == "import":

@@ -4,10 +4,11 @@ and every verdict must be the same on every machine.
 Two catalogues per chapter, in the same format:
 
 - ``tests/mutants/NN_name.yaml``: plausible **wrong** answers. Each entry is
-  ``{grade_id: ex_<name>, find: ..., replace: ..., why: ...}``: the exercise's solution cell with
-  ``find`` replaced by ``replace``, or ``{grade_id, answer, why}`` with ``answer`` the whole code
-  between the cell's solution markers. A mutant is *killed* if its tests raise; the kill rate must
-  be at least 90%.
+  ``{grade_id: ex_<name>, find: ..., replace: ..., why: ..., hint: ...}``: the exercise's solution
+  cell with ``find`` replaced by ``replace``, or ``{grade_id, answer, why, hint}`` with ``answer``
+  the whole code between the cell's solution markers; ``why`` names the mistake for instructors,
+  ``hint`` is what a student whose answer makes it reads (:mod:`.mistakes`). A mutant is *killed*
+  if its tests raise; the kill rate must be at least 90%.
 - ``tests/acceptance/NN_name.yaml``: **correct** answers written the way students write them and
   differently from the reference, entries of either form. Any failure is a false reject, and the
   false-reject rate must be 0.
@@ -235,7 +236,8 @@ def disagreements(runs: dict[str, list[Verdict]]) -> list[str]:
     for row in zip(*runs.values(), strict=True):
         if len({v.failed for v in row}) > 1:
             first = row[0]
-            where = ", ".join(f"{name}: {'fail' if v.failed else 'pass'}" for name, v in zip(runs, row, strict=True))
+            where = ", ".join(f"{name}: {'fail' if v.failed else 'pass'}"
+                              for name, v in zip(runs, row, strict=True))
             out.append(f"{first.kind} {first.grade_id} ({first.why}): {where}")
     return out
 
@@ -266,7 +268,8 @@ class Summary:
 
     def line(self) -> str:
         return (f"{self.chapter:<18} correct answers {self.accepted_cases:4d}, false rejects "
-                f"{len(self.false_rejects):2d} ({len(self.false_rejects) / max(self.accepted_cases, 1):.0%}); "
+                f"{len(self.false_rejects):2d} "
+                f"({len(self.false_rejects) / max(self.accepted_cases, 1):.0%}); "
                 f"mutants {self.mutants:4d}, kill rate {self.kill_rate:5.1%}"
                 + ("" if self.visible_catch is None else f", visible tests catch {self.visible_catch:5.1%}"))
 
@@ -324,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  DIFFERS      {problem}")
         for problem in summary.visible_misses if args.misses else ():
             print(f"  HIDDEN ONLY  {problem}")
-        print(summary.line() + (f"; {len(runs)} settings agree" if len(runs) > 1 and not split else ""), flush=True)
+        print(summary.line() + (f"; {len(runs)} settings agree" if len(runs) > 1 and not split else ""),
+              flush=True)
         failed |= not summary.ok or bool(split)
     print(f"Targets: no false reject, kill rate at least {KILL_RATE_TARGET:.0%}, visible tests catch at "
           f"least {VISIBLE_CATCH_TARGET:.0%}"

@@ -128,14 +128,16 @@ def install_cell_source() -> str:
 
     It also has OpenMP's threads sleep while they wait, before torch loads (as ``config.kernel_env``
     does for the kernels the course starts): on a laptop in a video call or a shared JupyterHub,
-    spinning threads made training 5 to 20 times slower. torch is pinned to the version already installed, so pip never replaces Colab's build. The
+    spinning threads made training 5 to 20 times slower. torch is pinned to the version already
+    installed, so pip never replaces Colab's build. The
     URL and branch come from ``_config.yml``; ``COURSE_LIB_SOURCE`` overrides them (tests point
     it at a local checkout).
     """
     url, branch = config.repository()
     return f'''# Set-up: installs course_lib when it is missing (e.g. on Colab); does nothing otherwise.
 import importlib.util, os, subprocess, sys
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # torch's threads sleep while they wait: fast on a busy machine
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # torch's threads sleep while they wait: \
+fast on a busy machine
 if importlib.util.find_spec("course_lib") is None:
     from importlib.metadata import PackageNotFoundError, version
     source = os.environ.get("COURSE_LIB_SOURCE", "git+{url}@{branch}")

@@ -296,7 +296,8 @@ def _confined(cmd: list[str], stdin: str, limits: Limits, sandboxed: bool, cwd: 
         return "", f"the grading process failed: {why}", watchdog.reasons
     out_text, err_text = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
     if proc.returncode != 0 and not out_text.strip():
-        why = failures.failure_cause(err_text, config.root()) if err_text.strip() else f"exit status {proc.returncode}"
+        why = failures.failure_cause(err_text, config.root()) if err_text.strip() else \
+            f"exit status {proc.returncode}"
         return "", f"the grading process failed: {why}", watchdog.reasons
     return out_text, None, watchdog.reasons
 
@@ -377,7 +378,8 @@ def _text(value, limit: int = worker.MAX_OUTPUT_CHARS) -> str:
         value = "".join(v for v in value if isinstance(v, str))
     if not isinstance(value, str):
         return ""
-    return value if len(value) <= limit else value[:limit] + f"\n[{len(value) - limit:,} more characters not kept]"
+    return value if len(value) <= limit else \
+        value[:limit] + f"\n[{len(value) - limit:,} more characters not kept]"
 
 
 def _clean_output(out):
@@ -393,10 +395,12 @@ def _clean_output(out):
         return nbformat.v4.new_output("error", ename=_text(out.get("ename")), evalue=_text(out.get("evalue")),
                                       traceback=[_text(line) for line in trace])
     data = out.get("data") if isinstance(out.get("data"), dict) else {}
-    data = {mime: _text(value, MAX_DATA_CHARS) for mime, value in data.items() if isinstance(mime, str) and "/" in mime}
+    data = {mime: _text(value, MAX_DATA_CHARS) for mime, value in data.items()
+            if isinstance(mime, str) and "/" in mime}
     if kind == "execute_result":
         count = out.get("execution_count")
-        return nbformat.v4.new_output(kind, data=data, execution_count=count if isinstance(count, int) else None)
+        return nbformat.v4.new_output(kind, data=data,
+                                      execution_count=count if isinstance(count, int) else None)
     return nbformat.v4.new_output(kind, data=data)
 
 

@@ -26,7 +26,8 @@ must then equal the instructor's within the tolerance: the claim of a correct an
 
 While the answer and the tests run, an audit hook refuses the interpreter's introspection to code
 that is not the course's or a library's (frames, ``gc``'s object graph, code and function objects
-made at run time, ``ctypes``' symbols, raw memory (``/proc/PID/mem``, from any caller), trace and audit hooks, threads, signal
+made at run time, ``ctypes``' symbols, raw memory (``/proc/PID/mem``, from any caller),
+trace and audit hooks, threads, signal
 handlers, new processes, modules imported again after removal) and reports each use, and every
 ``exec``, ``eval`` or ``compile`` of a string, to the runner as it happens, so that a first use is
 on record before it could try to silence the hook. The reports become flags for a person.
@@ -58,7 +59,8 @@ from . import config, guard, harden, notebook, work_limit
 
 MAX_RECORD_BYTES = 64 * 2**20  # one exercise's record, as sent
 SETUP_S = 15  # beyond the cell limit, for a graded run's set-up cells and answer
-CHECKED_CALLS = {"assert_close": 1, "assert_equal": 1, "assert_grads_close": 1}  # check -> index of the reference
+# check -> index of the reference
+CHECKED_CALLS = {"assert_close": 1, "assert_equal": 1, "assert_grads_close": 1}
 TEST_FUNCTION = "__graded_tests"
 
 
@@ -213,7 +215,8 @@ def _without_unused_definitions(body: list[ast.stmt]) -> list[ast.stmt]:
         used = {node.id for stmt in body for node in ast.walk(stmt)
                 if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
         kept = [stmt for stmt in body if not (
-            isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and stmt.name not in used)]
+            isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and stmt.name not in used)]
         if len(kept) == len(body):
             return kept
         body = kept
@@ -275,8 +278,9 @@ def run(req: dict, deadline_s: float | None = None) -> dict:
     for group in groups:
         left = deadline - time.monotonic()
         if left < 1:
-            results |= {ex["name"]: {"checks": [], "events": [], "error": "not run: the notebook's time limit "
-                                     "was reached"} for ex in group}
+            results |= {ex["name"]: {"checks": [], "events": [],
+                                     "error": "not run: the notebook's time limit was reached"}
+                        for ex in group}
             continue
         # the cell's limit for the tests, and some seconds for the set-up cells and the answer
         results |= _fork(req, group, min((req["timeout"] + SETUP_S) * len(group), left))
@@ -421,7 +425,8 @@ def _child(req: dict, group: list[dict], fd: int) -> None:
                 seed(0)
             answer_ns = dict(ns)
             answer = notebook.python_source(ex.pop("answer"))
-            linecache.cache[answer_file] = (len(answer), None, answer.splitlines(True), answer_file)  # inspect
+            # inspect
+            linecache.cache[answer_file] = (len(answer), None, answer.splitlines(True), answer_file)
             answer_ns |= {"get_ipython": lambda ns=answer_ns: _Shell(ns), "display": lambda *a, **k: None}
             released = _library_state()
             exec(compile(answer, answer_file, "exec"), answer_ns)
@@ -432,7 +437,8 @@ def _child(req: dict, group: list[dict], fd: int) -> None:
                 if name in answer_ns:
                     tests_ns[name] = answer_ns[name]
                     if guarded and _is_one_of(answer_ns[name], observed):  # the reference, renamed
-                        sys.audit("course.reference_given", f"{_qualname(answer_ns[name])} (as the answer's {name})")
+                        sys.audit("course.reference_given",
+                                  f"{_qualname(answer_ns[name])} (as the answer's {name})")
             for seed in (torch.manual_seed, random.seed, np.random.seed):
                 seed(0)
             exec(compile(ex.pop("tests"), test_file, "exec"), tests_ns)
@@ -566,7 +572,8 @@ def answer_key(chapter: str, cache_dir: Path | None = None) -> dict:
                               cwd=str(config.solution_path(chapter).parent))
     broken = {name: r["error"] for name, r in results.items() if r.get("error")}
     if broken:
-        raise NoAnswerKey(f"the solution of {chapter} fails its own tests, so no answer key can be made: {broken}")
+        raise NoAnswerKey(f"the solution of {chapter} fails its own tests, "
+                          f"so no answer key can be made: {broken}")
     key = {name: r["checks"] for name, r in results.items()}
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -67,7 +67,8 @@ def encode(value, _depth: int = 0, _budget: list | None = None):
         items = [encode(v, _depth + 1, budget) for v in value]
         return items if isinstance(value, list) else {"tuple": items}
     if isinstance(value, dict):  # Counter, defaultdict...: a dict
-        return {"dict": [[encode(k, _depth + 1, budget), encode(v, _depth + 1, budget)] for k, v in value.items()]}
+        return {"dict": [[encode(k, _depth + 1, budget), encode(v, _depth + 1, budget)]
+                         for k, v in value.items()]}
     if kind is torch.dtype:
         return {"dtype": str(value).removeprefix("torch.")}
     if isinstance(value, torch.Tensor):

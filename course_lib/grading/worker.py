@@ -148,7 +148,8 @@ def execute(nb, timeout: int, path: str, notebook_s: int = NOTEBOOK_S,
                 except DeadKernelError:
                     if client.stopped:  # the work limit killed it
                         nb.cells[index].outputs.append(error_output("CellTimeoutError", (
-                            f"the cell {client.stopped} and was stopped; a new kernel ran the cells after it")))
+                            f"the cell {client.stopped} and was stopped; "
+                            "a new kernel ran the cells after it")))
                         restarted = True
                         break
                     how = " (killed)" if _exit_code(client) == -9 else ""

@@ -91,14 +91,16 @@ def test_message_names_the_case_the_values_and_the_count():
 
 
 def test_tolerance_follows_the_format_and_the_length_of_the_sums():
-    assert checks.tolerance(torch.bfloat16) > checks.tolerance(torch.float16) > checks.tolerance(torch.float32)
+    assert checks.tolerance(torch.bfloat16) > checks.tolerance(torch.float16) > \
+        checks.tolerance(torch.float32)
     assert checks.tolerance(torch.float32, 100) == pytest.approx(10 * checks.tolerance(torch.float32))
     with pytest.raises(ValueError, match="floating dtype"):
         checks.tolerance(torch.int64)
     with pytest.raises(ValueError, match="at least 1"):
         checks.tolerance(torch.float32, 0)
     x = torch.randn(64, generator=checks.rng(0))
-    checks.assert_close(x.bfloat16().softmax(-1), _softmax_reference(x), "bf16", precision=torch.bfloat16, terms=64)
+    checks.assert_close(x.bfloat16().softmax(-1), _softmax_reference(x), "bf16", precision=torch.bfloat16,
+                        terms=64)
     with pytest.raises(AssertionError):  # the same answer is too coarse for a float32 question
         checks.assert_close(x.bfloat16().softmax(-1), _softmax_reference(x), "bf16", terms=64)
 
@@ -108,7 +110,8 @@ def test_assert_equal_compares_values():
     checks.assert_equal(3, 3, "count")
     checks.assert_equal(torch.tensor(3), 3, "count")
     checks.assert_equal("abc", "abc", "text")
-    with pytest.raises(AssertionError, match=r"ids: expected \[1, 2, 3\], got \[1, 5, 3\]; first difference at index \[1\]"):
+    with pytest.raises(AssertionError, match=r"ids: expected \[1, 2, 3\], got \[1, 5, 3\]; "
+                                             r"first difference at index \[1\]"):
         checks.assert_equal([1, 5, 3], torch.tensor([1, 2, 3]), "ids")
     with pytest.raises(AssertionError, match="expected shape"):
         checks.assert_equal([1, 2], [1, 2, 3], "ids")
@@ -140,7 +143,8 @@ def test_call_unchanged_catches_an_in_place_answer():
     with pytest.raises(AssertionError, match="changed its argument 1 in place"):
         checks.call_unchanged(lambda t: t.mul_(2), x, what="double")
     with pytest.raises(AssertionError, match="argument 'mask'"):
-        checks.call_unchanged(lambda t, mask: mask.fill_(False), x, mask=torch.ones(3, dtype=torch.bool), what="m")
+        checks.call_unchanged(lambda t, mask: mask.fill_(False), x, mask=torch.ones(3, dtype=torch.bool),
+                              what="m")
 
 
 _LOGSUMEXP = torch.logsumexp  # an alias made before the check, as an answer cell might
@@ -196,10 +200,11 @@ def test_forbidding_a_decorated_function_does_not_forbid_its_decorator():
 def test_gradients_by_value():
     x = torch.randn(3, 5, generator=checks.rng(2))
     w = torch.randn(5, 4, generator=checks.rng(3))
-    checks.assert_grads_close(lambda a, b: (a @ b).tanh(), lambda a, b: (a @ b).tanh(), [x, w], "tanh(xW)", terms=5)
+    checks.assert_grads_close(lambda a, b: (a @ b).tanh(), lambda a, b: (a @ b).tanh(), [x, w], "tanh(xW)",
+                              terms=5)
     with pytest.raises(AssertionError, match="gradient of input 1"):  # the backward of a wrong formula
-        checks.assert_grads_close(lambda a, b: a.detach() @ b + (a.sum() - a.sum().detach()), lambda a, b: a @ b,
-                                  [x, w], "xW")
+        checks.assert_grads_close(lambda a, b: a.detach() @ b + (a.sum() - a.sum().detach()),
+                                  lambda a, b: a @ b, [x, w], "xW")
     with pytest.raises(AssertionError, match="carries no gradient"):
         checks.assert_grads_close(lambda a, b: (a @ b).detach(), lambda a, b: a @ b, [x, w], "xW")
     with pytest.raises(AssertionError, match="no gradient reached input 2"):

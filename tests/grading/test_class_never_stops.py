@@ -27,7 +27,8 @@ def _rows(path: Path) -> dict[str, dict]:
 @pytest.fixture
 def nbgrader_on_path(monkeypatch):
     # nbgrader's gradebook calls the `alembic` script by name: this interpreter's scripts on PATH
-    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent),
+                                                os.environ.get("PATH", "")]))
 
 
 def test_lone_surrogates_in_a_written_cell_and_a_metadata_key_are_graded(tmp_path, monkeypatch,
@@ -61,7 +62,8 @@ def test_lone_surrogates_in_a_written_cell_and_a_metadata_key_are_graded(tmp_pat
 
     monkeypatch.setattr(nbgrader_cli, "each_student", failing)
     row = _rows(grade.export(CHAPTER, grading))["sam"]
-    assert (row["problem"], float(row["autograded"])) == ("no feedback page: RuntimeError: page too odd", full)
+    assert (row["problem"], float(row["autograded"])) == \
+        ("no feedback page: RuntimeError: page too odd", full)
     combined = _rows(grading / gradebook.COMBINED)["sam"]
     assert float(combined[f"{CHAPTER}:autograded"]) == full
 

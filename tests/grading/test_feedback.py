@@ -302,7 +302,8 @@ def test_the_course_page_is_offline_wraps_and_renders_written_text_inert():
 
 
 def test_a_students_written_markdown_renders_without_html_images_or_script_links():
-    assert student_markdown("**Because** <b>x</b>") == "<p><strong>Because</strong> &lt;b&gt;x&lt;/b&gt;</p>\n"
+    assert student_markdown("**Because** <b>x</b>") == \
+        "<p><strong>Because</strong> &lt;b&gt;x&lt;/b&gt;</p>\n"
     assert student_markdown("- a\n- `<i>`") == "<ul>\n<li>a</li>\n<li><code>&lt;i&gt;</code></li>\n</ul>\n"
     # an image is not loaded (offline, no tracking pixel): a "!" and a link remain
     assert student_markdown("![x](http://tracker/p.png)") == '<p>!<a href="http://tracker/p.png">x</a></p>\n'

@@ -21,7 +21,8 @@ def test_a_glued_value_is_read_back_by_myst_nb_and_shows_nothing_in_jupyter():
         "glue.text('steps', 360)")])  # on the last line: no result shown either
     NotebookClient(nb, kernel_name="python3", timeout=60).execute()
     assert glue.values(nb) == {"val_loss": "1.23", "steps": "360"}
-    visible = [o for o in nb.cells[0].outputs if not any(k.startswith(glue.PREFIX) for k in o.get("data", {}))]
+    visible = [o for o in nb.cells[0].outputs
+               if not any(k.startswith(glue.PREFIX) for k in o.get("data", {}))]
     assert visible == []
     pasted = {name: out["data"]["text/plain"] for name, out in extract_glue_data_cell(nb.cells[0])}
     assert pasted == {"val_loss": "1.23", "steps": "360"}  # what {glue:text} puts on the page

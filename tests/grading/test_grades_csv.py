@@ -30,7 +30,8 @@ def test_formula_like_text_is_neutralised_and_numbers_stay_numbers(text, safe):
 
 def test_every_text_cell_of_grades_csv_is_safe(tmp_path, monkeypatch):
     # nbgrader's gradebook calls the `alembic` script by name: this interpreter's scripts on PATH
-    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent),
+                                                os.environ.get("PATH", "")]))
     names = {"1001": "=2+5", "1002": "@SUM(1+9)", "1003": "-1+2", "1004": "+49 Ann"}
     export = tmp_path / "export.zip"
     with zipfile.ZipFile(export, "w") as z:
@@ -55,7 +56,8 @@ def test_every_text_cell_of_grades_csv_is_safe(tmp_path, monkeypatch):
 def test_each_chapter_keeps_its_table_and_the_gradebook_joins_them(tmp_path, monkeypatch):
     """Grading a second chapter leaves the first's table; gradebook.csv has a row per student and a
     column per chapter and exercise, numbers unquoted, empty where a student has no row."""
-    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent),
+                                                os.environ.get("PATH", "")]))
     first, second = CHAPTERS[0], CHAPTERS[1]
     grading = tmp_path / "grading"
     grading.mkdir()
@@ -145,6 +147,7 @@ def test_an_autograding_process_that_dies_fails_its_student_alone_and_is_started
         assert grader.run("ann") is None
         first = grader.proc.pid
         why = grader.run("crash")
-        assert why.startswith(f"nbgrader autograde {CHAPTER} stopped (exit status 3)") and "it broke here" in why
+        assert why.startswith(f"nbgrader autograde {CHAPTER} stopped (exit status 3)") and \
+            "it broke here" in why
         assert grader.run("bob") is None and grader.proc.pid != first
         assert grader.run("a folder\nname") is None  # one line per student, whatever the name

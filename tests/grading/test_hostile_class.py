@@ -162,7 +162,8 @@ def test_each_attack_left_its_trace_in_the_graded_notebook(graded):
 
 def test_honest_students_are_not_flagged(graded):
     _, expected, first, _, _, _, _, _ = graded
-    for student in ["Jane_Doe_1001", "Jane_Doe_1002", "王小明_1003", "Ann_Lee_1004", "Bo_Chen_1005", "Fay_Hi_1035"]:
+    for student in ["Jane_Doe_1001", "Jane_Doe_1002", "王小明_1003", "Ann_Lee_1004", "Bo_Chen_1005",
+                    "Fay_Hi_1035"]:
         assert first[student]["flags"] == "" and first[student]["notes"] == "", first[student]
 
 

@@ -99,8 +99,10 @@ def test_an_error_that_sends_the_tests_elsewhere_is_the_same_mistake_when_it_doe
 
 
 def test_a_mistake_whose_tests_stop_before_any_check_is_not_kept():
-    entries = [{"grade_id": "ex_a", "why": "raises", "hint": "h"}, {"grade_id": "ex_a", "why": "wrong", "hint": "h"}]
-    records = [{"checks": [], "error": "ValueError: the profile has no minimum"}, _session(True, X.softmax(0))]
+    entries = [{"grade_id": "ex_a", "why": "raises", "hint": "h"},
+               {"grade_id": "ex_a", "why": "wrong", "hint": "h"}]
+    records = [{"checks": [], "error": "ValueError: the profile has no minimum"},
+               _session(True, X.softmax(0))]
     assert [m["why"] for m in mistakes._known({"ex_a": KEY}, entries, records)["ex_a"]] == ["wrong"]
 
 

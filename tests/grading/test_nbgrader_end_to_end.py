@@ -42,7 +42,8 @@ def graded(tmp_path_factory):
     tinkered = answered(CHAPTER)
     demo = min(notebook.unchanged_demonstrations(tinkered))
     tinkered.cells[demo].source += ('\nimport os\n'
-                                    'print("TINKERED", os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads())')
+                                    'print("TINKERED", os.environ.get("OMP_NUM_THREADS"), '
+                                    'torch.get_num_threads())')
     write(tinkered, grading / "submitted" / "tinkerer" / target)
     proc = subprocess.run(
         ["make", "-o", ".venv/.installed", "grade", f"CHAPTER={CHAPTER}", f"GRADING={grading}",
@@ -103,7 +104,8 @@ def test_in_process_verdicts_agree_with_nbgrader(graded):
 def _stdout(student: str, grading) -> dict[str, str]:
     """Each code cell's source -> its printed output, in the student's graded notebook."""
     nb = notebook.read(grading / "autograded" / student / CHAPTER / f"{CHAPTER}.ipynb")
-    return {c.source: "".join(o.get("text", "") for o in c.outputs) for c in nb.cells if c.cell_type == "code"}
+    return {c.source: "".join(o.get("text", "") for o in c.outputs)
+            for c in nb.cells if c.cell_type == "code"}
 
 
 def test_unchanged_demonstrations_are_not_run_and_a_changed_one_is(graded):

@@ -355,7 +355,8 @@ def test_a_borrowed_reference_is_flagged_or_failed_as_the_instructor_chose(fail_
     test.metadata["nbgrader"] = {"grade": True, "grade_id": "ex_a" + config.TEST_SUFFIX, "points": 1}
     nb.cells.append(test)
     event = "called course_lib's course_lib.m.a, this exercise's reference in the graded run"
-    report = sandbox._judge_cells(nb, {"ex_a": []}, {"ex_a": {"checks": [], "error": None, "events": [event]}},
+    report = sandbox._judge_cells(nb, {"ex_a": []},
+                                  {"ex_a": {"checks": [], "error": None, "events": [event]}},
                                   None, [], fail_borrowed=fail_borrowed)
     assert report["flags"] == [f"ex_a: {event}"]
     (out,) = test.outputs

@@ -29,7 +29,8 @@ def test_the_students_kernel_reports_the_released_metadata(monkeypatch):
     assert reply["language_info"] == config.STUDENT_METADATA["language_info"]
     kernelspec = {"display_name": spec.display_name, "language": spec.language, "name": "python3"}
     assert kernelspec == config.STUDENT_METADATA["kernelspec"]
-    assert json.loads((STUDENT_LAB / "kernels" / "python3" / "kernel.json").read_text())["argv"][0] == "python"
+    assert json.loads(
+        (STUDENT_LAB / "kernels" / "python3" / "kernel.json").read_text())["argv"][0] == "python"
 
 
 def test_every_released_notebook_carries_that_metadata():

@@ -88,7 +88,8 @@ def test_deep_nesting_is_refused():
 
 def test_the_graded_run_never_computes_a_reference_and_the_key_always_does():
     tests = ("out = f(x)\nchecks.assert_close(out, ref(x), 'f(x)')\n"
-             "checks.assert_grads_close(f, reference=ref, inputs=[x], what='grad')\nassert out.sum() > 0, 'sum'")
+             "checks.assert_grads_close(f, reference=ref, inputs=[x], what='grad')\n"
+             "assert out.sum() > 0, 'sum'")
     answer = verdicts.answer_side(tests)
     assert "ref(" not in answer and "ref," not in answer and "reference=None" in answer
     assert "assert_true(out.sum() > 0, lambda: 'sum')" in answer and "\nassert " not in answer
@@ -163,12 +164,14 @@ def test_an_error_raised_inside_a_checks_block_is_said_with_its_line():
     key, record = _key_and_record("def f(x):\n    return x.abs()\n", tests)
     _, broken = _key_and_record("def f(x):\n    return x.nope()\n", tests)
     assert verdicts.judge(key, record) is None
-    assert verdicts.judge(key, broken) == "the tests stopped: AttributeError: 'Tensor' object has no attribute 'nope'"
+    assert verdicts.judge(key, broken) == \
+        "the tests stopped: AttributeError: 'Tensor' object has no attribute 'nope'"
 
 
 def test_a_failed_observation_is_reported_in_the_graded_runs_words():
     key, record = _key_and_record("def f(x):\n    return -x.abs()\n",
-                                  "x = torch.tensor([-1.0, 2.0])\nassert f(x).sum() > 0, f'sum of {f(x).tolist()}'")
+                                  "x = torch.tensor([-1.0, 2.0])\n"
+                                  "assert f(x).sum() > 0, f'sum of {f(x).tolist()}'")
     assert verdicts.judge(key, record) == "sum of [-1.0, -2.0]"
 
 
@@ -182,7 +185,8 @@ def _graded_all(answers: dict[str, str], tests: str = TESTS) -> dict[str, tuple[
     """Each answer in its own graded run (one runner for all), judged: {name: (problem, events)}."""
     key = _key_and_record(HONEST, tests)[0]
     req = {"recording": True, "timeout": 30, "setup": SETUP,
-           "exercises": [{"name": name, "names": ["f"], "answer": answer, "tests": verdicts.answer_side(tests)}
+           "exercises": [{"name": name, "names": ["f"], "answer": answer,
+                          "tests": verdicts.answer_side(tests)}
                          for name, answer in answers.items()]}
     results = verdicts.run_elsewhere(req, 300)
     return {name: (verdicts.judge(key, r), r["events"]) for name, r in results.items()}
@@ -200,13 +204,16 @@ ATTACKS = {
                            "        e.__traceback__.tb_frame.f_back\n    return x.abs()\n",
     "ctypes": "import ctypes\ndef f(x):\n    ctypes.pythonapi.Py_IsInitialized()\n    return x.abs()\n",
     "a trace function": "import sys\nsys.settrace(lambda *a: None)\ndef f(x):\n    return x.abs()\n",
-    "an audit hook": "import sys\nsys.addaudithook(lambda *a: None)\ndef f(x):\n    return x.abs()\n",  # cancelled
+    # cancelled
+    "an audit hook": "import sys\nsys.addaudithook(lambda *a: None)\ndef f(x):\n    return x.abs()\n",
     "frames in a thread": "import sys, threading\nthreading.Thread(target=lambda: sys._getframe()).start()\n"
                           "def f(x):\n    return x.abs()\n",
-    "a signal handler": "import signal\nsignal.signal(signal.SIGALRM, print)\ndef f(x):\n    return x.abs()\n",
+    "a signal handler": "import signal\nsignal.signal(signal.SIGALRM, print)\n"
+                        "def f(x):\n    return x.abs()\n",
     "a code swap": "def f(x):\n    return x.abs()\ndef g(x):\n    return x\nf.__code__ = g.__code__\n",
     "code under a library's name": "def f(x):\n    return x.abs()\n"
-                                   "f = type(f)(f.__code__.replace(co_filename='/usr/lib/x.py'), globals())\n",
+                                   "f = type(f)(f.__code__.replace(co_filename='/usr/lib/x.py'), "
+                                   "globals())\n",
     "raw memory": "def f(x):\n    open('/proc/self/mem', 'rb')\n    return x.abs()\n",
     "raw memory from a folder": "import os\ndef f(x):\n    d = os.open('/proc/self', os.O_RDONLY)\n"
                                 "    os.open('mem', os.O_RDONLY, dir_fd=d)\n    return x.abs()\n",
@@ -235,17 +242,21 @@ OTHERS = {
     "a thread pool": ("import concurrent.futures\ndef f(x):\n"
                       "    with concurrent.futures.ThreadPoolExecutor(2) as pool:\n"
                       "        return torch.stack(list(pool.map(torch.abs, x)))\n"),
-    "frames through logging": "import logging\ndef f(x):\n    logging.currentframe().f_back\n    return x.abs()\n",
+    "frames through logging": "import logging\ndef f(x):\n    logging.currentframe().f_back\n"
+                              "    return x.abs()\n",
     "another magic": "%pip install nothing\n" + HONEST,
-    "raw memory through a library": "import pathlib\ndef f(x):\n    pathlib.Path('/proc/self/mem').read_bytes()\n"
+    "raw memory through a library": "import pathlib\ndef f(x):\n"
+                                    "    pathlib.Path('/proc/self/mem').read_bytes()\n"
                                     "    return x.abs()\n",
-    "printed record": f"print({json.dumps({'name': 'printed record', 'result': {'checks': [], 'error': None}})!r})\n"
-                      "import sys\nsys.stdout.flush()\ndef f(x):\n    return x\n",
+    "printed record": (
+        f"print({json.dumps({'name': 'printed record', 'result': {'checks': [], 'error': None}})!r})\n"
+        "import sys\nsys.stdout.flush()\ndef f(x):\n    return x\n"),
 }
 
 
 PATCHED_LIBRARY = ("import torch.nn.functional as F, importlib\n"
-                   "setattr(importlib.import_module('course_lib.grading.' + 'checks'), 'assert_close', print)\n"
+                   "setattr(importlib.import_module('course_lib.grading.' + 'checks'), "
+                   "'assert_close', print)\n"
                    "F.softmax = None\ndel torch.abs\n" + HONEST)
 
 
@@ -279,7 +290,8 @@ def test_ordinary_tools_work_in_a_graded_run(attacked, name):
 
 
 def test_a_thread_is_refused_inside_a_check_of_what_the_answer_calls():
-    tests = "x = torch.tensor([-1.0, 2.0])\nwith checks.forbidding([torch.sort], 'no sort'):\n    y = f(x)\n" + TESTS
+    tests = "x = torch.tensor([-1.0, 2.0])\nwith checks.forbidding([torch.sort], 'no sort'):\n" \
+        "    y = f(x)\n" + TESTS
     problem, events = _graded(ANSWERS_IN_A_THREAD, tests)
     assert "a thread, in a check of what the answer calls" in problem and events, (problem, events)
 
@@ -337,10 +349,12 @@ def test_no_answer_reaches_the_sandboxed_runner_its_output_or_its_memory():
         skip_or_fail(f"no sandbox: {sandbox.unavailable()}")
     key = _key_and_record(HONEST, TESTS)[0]
     req = {"recording": True, "timeout": 30, "setup": SETUP,
-           "exercises": [{"name": name, "names": ["f"], "answer": answer, "tests": verdicts.answer_side(TESTS)}
+           "exercises": [{"name": name, "names": ["f"], "answer": answer,
+                          "tests": verdicts.answer_side(TESTS)}
                          for name, answer in (("one", CHANNEL_ATTACK), ("two", HONEST))]}
-    out, failure, _ = sandbox._confined([sys.executable, "-I", "-m", "course_lib.grading.verdicts", "run", "120"],
-                                        json.dumps(req), sandbox.Limits(), sandboxed=True, cwd=None, as_init=True)
+    out, failure, _ = sandbox._confined(
+        [sys.executable, "-I", "-m", "course_lib.grading.verdicts", "run", "120"],
+        json.dumps(req), sandbox.Limits(), sandboxed=True, cwd=None, as_init=True)
     assert failure is None, failure
     results = json.loads(out)  # one document: the runner's own
     assert set(results) == {"one", "two"}
@@ -368,7 +382,8 @@ BORROWERS = {
     "called inside": "from course_lib import attention as _a\n"
                      "def causal_mask(n):\n    return _a.causal_mask(n)\n",
     "only when graded": "import sys\nfrom course_lib import attention as _a\n"
-                        "def causal_mask(n):\n    if 'IPython' not in sys.modules or not sys.stdout.isatty():\n"
+                        "def causal_mask(n):\n"
+                        "    if 'IPython' not in sys.modules or not sys.stdout.isatty():\n"
                         "        return _a.causal_mask(n)\n    raise NotImplementedError\n",
     "its code read": "from course_lib import attention as _a\n_c = _a.causal_mask.__code__\n"
                      "def causal_mask(n):\n    return torch.ones(n, n).triu(1).bool()\n",
@@ -408,6 +423,7 @@ def test_the_reference_given_as_the_answer_is_seen_by_identity(borrowed):
 def test_the_tests_run_with_the_libraries_as_released_whatever_the_answers_cell_changed(attacked):
     problem, events = attacked["patched library"]
     assert problem is None, problem  # checks.assert_close and torch.abs are back for the tests
-    assert sorted(events) == ["changed course_lib.grading.checks.assert_close (put back for the tests) in <answer>",
-                              "changed torch.abs (put back for the tests) in <answer>",
-                              "changed torch.nn.functional.softmax (put back for the tests) in <answer>"], events
+    assert sorted(events) == [
+        "changed course_lib.grading.checks.assert_close (put back for the tests) in <answer>",
+        "changed torch.abs (put back for the tests) in <answer>",
+        "changed torch.nn.functional.softmax (put back for the tests) in <answer>"], events

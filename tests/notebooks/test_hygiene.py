@@ -117,7 +117,8 @@ def _lines_that_break_inline_math(markdown: str) -> list[str]:
 
 def test_the_inline_math_check_finds_a_formula_split_before_a_plus():
     assert _lines_that_break_inline_math("maps ($\\operatorname{elu}(x)\n+ 1$). Then") == ["+ 1$). Then"]
-    assert _lines_that_break_inline_math("maps $\\phi(x) = x\n+ 1$ and `$HOME`\n- a list") == ["+ 1$ and `$HOME`"]
+    assert _lines_that_break_inline_math("maps $\\phi(x) = x\n+ 1$ and `$HOME`\n- a list") == \
+        ["+ 1$ and `$HOME`"]
     assert _lines_that_break_inline_math("$a$ and\n- a list item\n\n$$\nx\n+ 1\n$$") == []
     assert _lines_that_break_inline_math("```yaml\nargs: ['$((K + 1))/8']\n- {name: x}\n```\n- an item") == []
 
@@ -147,7 +148,8 @@ def _authors_named_twice(markdown: str) -> list[str]:
 def test_the_citation_check_finds_an_author_named_twice():
     assert _authors_named_twice("Liu et al.\n{cite:p}`Liu2020` and GShard {cite:p}`Lepikhin2021`") == \
         ["Liu et al.\n{cite:p}`Liu2020`"]
-    assert _authors_named_twice("{cite:t}`Liu2020` showed it {cite:p}`Xiong2020`; Kaplan's fit {cite:p}`Kaplan2020`") == []
+    assert _authors_named_twice("{cite:t}`Liu2020` showed it {cite:p}`Xiong2020`; "
+                                "Kaplan's fit {cite:p}`Kaplan2020`") == []
 
 
 @pytest.mark.parametrize("path", PROSE, ids=lambda p: str(p.relative_to(ROOT)))
@@ -177,7 +179,8 @@ def test_notebooks_leave_the_device_to_course_lib(chapter):
     ``dev.type == "cuda"`` are fine)."""
     nb = notebook.read(config.solution_path(chapter))
     code = "\n".join(cell.source for cell in nb.cells if cell.cell_type == "code")
-    pinned = re.findall(r"""[^\n]*(?:device\s*=\s*|torch\.device\(\s*|\.to\(\s*)["'](?:cpu|cuda|mps)[^\n]*""", code)
+    pinned = re.findall(r"""[^\n]*(?:device\s*=\s*|torch\.device\(\s*|\.to\(\s*)"""
+                        r"""["'](?:cpu|cuda|mps)[^\n]*""", code)
     assert not pinned, f"use course_lib.device.get_device() (or a TrainConfig's default) instead: {pinned}"
 
 
@@ -204,7 +207,8 @@ def test_notebooks_import_course_lib_modules_not_names(chapter):
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_every_chapter_draws_at_least_one_picture_of_an_idea(chapter):
     nb = notebook.read(config.solution_path(chapter))
-    assert any(cell.cell_type == "code" and re.search(r"\bdiagrams\.\w+\(", cell.source) for cell in nb.cells), \
+    assert any(cell.cell_type == "code" and re.search(r"\bdiagrams\.\w+\(", cell.source)
+               for cell in nb.cells), \
         "no course_lib.diagrams figure in this chapter"
 
 

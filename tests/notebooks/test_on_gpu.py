@@ -19,7 +19,8 @@ from course_lib.grading import config, notebook
 from tests.conftest import CHAPTERS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on a GPU machine)")]
+              pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="needs a CUDA GPU (run on a GPU machine)")]
 
 PROBE = "import torch\nprint(torch.cuda.max_memory_allocated())"
 
@@ -39,7 +40,8 @@ def test_solution_runs_on_cuda_within_twice_its_budget(chapter):
     start = time.perf_counter()
     client.execute()
     seconds = time.perf_counter() - start
-    assert seconds <= config.BUDGET_MARGIN * config.NOTEBOOK_BUDGET_S, f"{chapter} took {seconds:.0f} s on the GPU"
+    assert seconds <= config.BUDGET_MARGIN * config.NOTEBOOK_BUDGET_S, \
+        f"{chapter} took {seconds:.0f} s on the GPU"
     peak = int(nb.cells[-1].outputs[0]["text"])
     if _uses_the_device(nb):
         assert peak > 0, f"{chapter} trains a model but allocated nothing on the GPU"

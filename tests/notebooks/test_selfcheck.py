@@ -203,12 +203,14 @@ def test_an_answer_that_uses_a_helper_from_another_cell_fails_as_it_does_for_the
         "it uses `times` from another cell: define them in the answer's cell"]
     kept = ("double", "def times(a, b):\n    return a * b\n\ndef double(x):\n    return times(x, 2)\n"
             "%timeit double(1)", DOUBLE_TEST)
-    assert [(r.status, r.detail) for r in check.check(_notebook(tmp_path / "ok.ipynb", kept))] == [("PASS", "")]
+    assert [(r.status, r.detail)
+            for r in check.check(_notebook(tmp_path / "ok.ipynb", kept))] == [("PASS", "")]
 
 
 @pytest.mark.parametrize("answer, words", [
     ("import sys\ndef double(x):\n    sys._getframe()\n    return 2 * x",
-     "PermissionError: sys._getframe is not allowed while an answer is graded (raised at line 3 of the answer)"),
+     "PermissionError: sys._getframe is not allowed while an answer is graded "
+     "(raised at line 3 of the answer)"),
     ("%pip list\ndef double(x):\n    return 2 * x", "the IPython magic %pip is not run by the grader"),
 ])
 def test_what_the_grader_refuses_the_self_check_refuses_with_the_same_words(tmp_path, answer, words):

@@ -63,13 +63,15 @@ def test_the_long_cells_run_with_three_burners_per_core(chapter, marker, which, 
     nbformat.write(_through(chapter, marker, which), path)
     # in the chapter's folder, as the book runs it; raises on an error, a cell past its limit or a death
     run = book.execute(path, folder=config.solution_path(chapter).parent)
-    errors = [o.ename for c in run.nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    errors = [o.ename for c in run.nb.cells if c.cell_type == "code"
+              for o in c.outputs if o.output_type == "error"]
     assert not errors, errors
     printed = capfd.readouterr()
     assert "ZMQError" not in printed.err and "Traceback" not in printed.err
     cpu = max(run.cell_cpu.values())
     print(f"{chapter} through its long cells, three burners per core: {run.seconds:.0f} s, "
-          f"{run.cpu_seconds:.0f} CPU seconds, the most in one cell {cpu:.0f} (limit {config.cell_timeout()})")
+          f"{run.cpu_seconds:.0f} CPU seconds, the most in one cell {cpu:.0f} "
+          f"(limit {config.cell_timeout()})")
     assert cpu < config.cell_timeout() / 2
 
 
@@ -83,8 +85,9 @@ def test_a_class_graded_with_three_burners_per_core_gets_the_grades_of_a_quiet_r
     mutant = mutants(chapter)[0]
     write(answered(chapter), grading / "submitted" / "perfect" / target)
     write(answered(chapter, mutant=mutant), grading / "submitted" / "one_wrong" / target)
-    proc = subprocess.run(["make", "-o", ".venv/.installed", "grade", f"CHAPTER={chapter}", f"GRADING={grading}",
-                           f"PY={sys.executable}"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(["make", "-o", ".venv/.installed", "grade", f"CHAPTER={chapter}",
+                           f"GRADING={grading}", f"PY={sys.executable}"],
+                          cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with (grading / "grades" / f"{chapter}.csv").open() as f:
         rows = {row["student"]: row for row in csv.DictReader(f)}
