@@ -9,7 +9,7 @@ import time
 
 import nbformat
 
-from course_lib.grading import grade, notebook, sandbox, verdicts, worker
+from course_lib.grading import grade, mistakes, notebook, sandbox, verdicts, worker
 from tests.helpers import answered, mutants, write
 
 CHAPTER = "03_transformer"
@@ -32,6 +32,7 @@ def test_a_chapter_03_submission_gets_the_same_points_in_a_fraction_of_the_full_
     submission = answered(CHAPTER, mutant=mutants(CHAPTER)[0])  # one exercise wrong
     write(submission, tmp_path / "submitted" / "ann" / CHAPTER / f"{CHAPTER}.ipynb")
     verdicts.answer_key(CHAPTER, tmp_path / "keys")  # made once per chapter, before either run
+    mistakes.key(CHAPTER, tmp_path / "keys")  # the known mistakes too
     needed_s, needed, needed_nb = _grade(tmp_path, all_cells=False)
     all_s, full, full_nb = _grade(tmp_path, all_cells=True)
 
