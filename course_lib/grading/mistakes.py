@@ -30,6 +30,7 @@ second run of it gives the same values).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -121,8 +122,9 @@ def _catalogue_fingerprint(chapter: str) -> str:
 
 def key(chapter: str, cache_dir: Path | None = None) -> dict:
     """The grader's mistake key of ``chapter`` (``{grade_id: [{why, hint, record}]}``), from the
-    full tests; kept in ``cache_dir`` beside the answer key, made again when the notebook, the
-    course's code or the catalogue changes. ``{}`` where the chapter has no catalogue (a course
+    full tests; kept in ``cache_dir`` beside the answer key and in the user's cache
+    (``~/.cache/course_lib/mistake_keys``), made again when the notebook, the course's code or the
+    catalogue changes. ``{}`` where the chapter has no catalogue (a course
     that adds a chapter names no mistakes until it writes one)."""
     from . import mutants
 
@@ -130,19 +132,23 @@ def key(chapter: str, cache_dir: Path | None = None) -> dict:
         return {}
     nb = notebook.read(config.solution_path(chapter))
     req = verdicts.request(nb, recording=False)
-    path = None
-    if cache_dir is not None:
-        made_from = f"{verdicts._fingerprint(req)} {_catalogue_fingerprint(chapter)}"
-        fingerprint = hashlib.sha256(made_from.encode()).hexdigest()[:16]
-        path = Path(cache_dir) / f"{chapter}-mistakes-{fingerprint}.json"
-        if path.is_file():
-            return json.loads(path.read_text(encoding="utf-8"))
-    found = _build(chapter, nb, verdicts.answer_key(chapter, cache_dir))
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(found), encoding="utf-8")
-        tmp.replace(path)
+    if cache_dir is None:
+        return _build(chapter, nb, verdicts.answer_key(chapter))
+    made_from = f"{verdicts._fingerprint(req)} {_catalogue_fingerprint(chapter)}"
+    name_ = f"{chapter}-mistakes-{hashlib.sha256(made_from.encode()).hexdigest()[:16]}.json"
+    # the grading folder's copy, else the user's (the same notebook, code and catalogue give the
+    # same key: a second grading folder, or a share on the same machine, does not make it again)
+    paths = [Path(cache_dir) / name_, Path.home() / ".cache" / "course_lib" / "mistake_keys" / name_]
+    found = next((json.loads(p.read_text(encoding="utf-8")) for p in paths if p.is_file()), None)
+    if found is None:
+        found = _build(chapter, nb, verdicts.answer_key(chapter, cache_dir))
+    for path in paths:
+        if not path.is_file():
+            with contextlib.suppress(OSError):  # a read-only home only costs the next grading time
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(found), encoding="utf-8")
+                tmp.replace(path)
     return found
 
 
