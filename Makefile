@@ -57,7 +57,7 @@ install: $(STAMP)
 
 # CHAPTER=NN rebuilds one chapter into the book an earlier full build made.
 book: $(STAMP)
-	$(PY) -m course_lib.grading book --chapter $(CHAPTER)
+	$(PY) -m course_tools book --chapter $(CHAPTER)
 
 test: book
 	$(PY) -m pytest
@@ -67,25 +67,25 @@ test-fast: $(STAMP)
 	$(PY) -m pytest
 
 release: $(STAMP)
-	$(PY) -m course_lib.grading release $(CHAPTER)
+	$(PY) -m course_tools release $(CHAPTER)
 
 collect: $(STAMP)
-	$(PY) -m course_lib.grading collect $(CHAPTER) $(FROM) --grading-dir $(GRADING)
+	$(PY) -m course_tools collect $(CHAPTER) $(FROM) --grading-dir $(GRADING)
 
 grade: $(STAMP)
-	$(PY) -m course_lib.grading grade $(CHAPTER) --grading-dir $(GRADING) $(if $(UNSANDBOXED),--unsandboxed) $(if $(ALL_CELLS),--all-cells) $(if $(SHARD),--shard $(SHARD))
+	$(PY) -m course_tools grade $(CHAPTER) --grading-dir $(GRADING) $(if $(UNSANDBOXED),--unsandboxed) $(if $(ALL_CELLS),--all-cells) $(if $(SHARD),--shard $(SHARD))
 
 # Answers compared with each other, the solution and course_lib: grading/similarity/CHAPTER.html.
 similar: $(STAMP)
-	$(PY) -m course_lib.grading similar $(CHAPTER) --grading-dir $(GRADING)
+	$(PY) -m course_tools similar $(CHAPTER) --grading-dir $(GRADING)
 
 # After every share of a class was graded (make grade SHARD=K/N on N machines): one gradebook.
 merge: $(STAMP)
-	$(PY) -m course_lib.grading merge $(CHAPTER) --grading-dir $(GRADING)
+	$(PY) -m course_tools merge $(CHAPTER) --grading-dir $(GRADING)
 
 # After grading written answers in the formgrader: grades and feedback again.
 export: $(STAMP)
-	$(PY) -m course_lib.grading export $(CHAPTER) --grading-dir $(GRADING)
+	$(PY) -m course_tools export $(CHAPTER) --grading-dir $(GRADING)
 
 # The formgrader (manual grading) needs JupyterLab started in the course folder.
 formgrader: $(STAMP)
@@ -94,20 +94,20 @@ formgrader: $(STAMP)
 # The graders' self-test: mutant and acceptance catalogues of every chapter under the matrix of
 # threads and CPU kernel paths (kill rate, false rejects, verdicts that differ).
 mutants: $(STAMP)
-	$(PY) -m course_lib.grading.mutants $(CHAPTER) --matrix
+	$(PY) -m course_tools.catalogues.mutants $(CHAPTER) --matrix
 
 # The report is the output; a FAIL or TODO is not an error of make (the module itself exits 1).
 check: $(STAMP)
-	@$(PY) -m course_lib.grading.check $(NB) $(if $(EX),--exercise $(EX)) $(if $(ALL_CELLS),--all-cells) || true
+	@$(PY) -m course_tools.student.check $(NB) $(if $(EX),--exercise $(EX)) $(if $(ALL_CELLS),--all-cells) || true
 
 nbval: $(STAMP)
 	$(if $(NB),,$(error say which notebook: make nbval NB=notebooks/01_tokenization/01_tokenization.ipynb))
 	$(BIN)/pytest -p no:cacheprovider --nbval-lax $(NB)
 
 # The students' Lab: nbgrader's instructor panels (formgrader, create assignment, course list)
-# are switched off by the page config in course_lib/grading/student_lab (make formgrader keeps them).
+# are switched off by the page config in course_tools/student/lab (make formgrader keeps them).
 lab: $(STAMP)
-	JUPYTER_CONFIG_PATH=$(CURDIR)/course_lib/grading/student_lab JUPYTER_PATH=$(CURDIR)/course_lib/grading/student_lab \
+	JUPYTER_CONFIG_PATH=$(CURDIR)/course_tools/student/lab JUPYTER_PATH=$(CURDIR)/course_tools/student/lab \
 		$(BIN)/jupyter lab notebooks/ $(AS_ROOT) $(LAB_ARGS)
 
 bench: $(STAMP)

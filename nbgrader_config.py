@@ -21,10 +21,10 @@ from nbgrader.preprocessors import (
     SaveAutoGrades,
 )
 
-from course_lib.grading import config as course
-from course_lib.grading.feedback import TEMPLATES, HideTests, NameGrades, SanitizeOutputs
-from course_lib.grading.preprocessors import RepairTestCells
-from course_lib.grading.sandbox import SandboxedExecute
+from course_tools import config as course
+from course_tools.grading.grader.feedback import TEMPLATES, HideTests, NameGrades, SanitizeOutputs
+from course_tools.grading.grader.preprocessors import RepairTestCells
+from course_tools.grading.grader.sandbox import SandboxedExecute
 
 c = get_config()  # noqa: F821 (provided by nbgrader)
 c.CourseDirectory.source_directory = "solutions"
@@ -46,9 +46,9 @@ c.Autograde.sanitize_preprocessors = [
     OverwriteCells,
     CheckCellMetadata,
 ]
-# Each submission runs in a sandboxed worker (course_lib.grading.sandbox) instead of nbgrader's
+# Each submission runs in a sandboxed worker (course_tools.grading.grader.sandbox) instead of nbgrader's
 # own Execute; its outputs and markdown are made inert at once, so the autograded notebook that
-# the formgrader and the feedback render runs no student script (course_lib.grading.feedback).
+# the formgrader and the feedback render runs no student script (course_tools.grading.grader.feedback).
 c.Autograde.autograde_preprocessors = [
     SandboxedExecute,
     SanitizeOutputs,
@@ -68,7 +68,7 @@ c.GenerateFeedback.preprocessors = [
     NameGrades,
     CSSHTMLHeaderPreprocessor,
 ]
-# The page: course_lib/grading/templates/feedback/course_feedback.html.j2, which extends nbgrader's.
+# The page: course_tools/grading/grader/templates/feedback/course_feedback.html.j2, which extends nbgrader's.
 c.HTMLExporter.template_name = "feedback"
 c.HTMLExporter.template_file = "course_feedback.html.j2"
 c.HTMLExporter.extra_template_basedirs = [

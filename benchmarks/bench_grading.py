@@ -39,12 +39,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from course_lib.grading import grade, nbgrader_cli, release  # noqa: E402
+from course_tools.book import release  # noqa: E402
+from course_tools.grading.grader import grade, nbgrader_cli  # noqa: E402
 from tests.helpers import acceptance, answered, mutants, write  # noqa: E402
 
 PLAIN_CONFIG = """
 from nbgrader.preprocessors import Execute
-from course_lib.grading.sandbox import SandboxedExecute
+from course_tools.grading.grader.sandbox import SandboxedExecute
 c = get_config()
 c.Autograde.autograde_preprocessors = [
     Execute if p is SandboxedExecute else p for p in c.Autograde.autograde_preprocessors]

@@ -2,14 +2,14 @@
 
 Run from the repository root on a quiet machine: ``python benchmarks/bench_selfcheck.py [CHAPTER ...]``.
 
-Each check is the command a student types (``python -m course_lib.grading.check NOTEBOOK
+Each check is the command a student types (``python -m course_tools.student.check NOTEBOOK
 [--exercise NAME]``, a fresh process and a fresh kernel), run on the chapter's solution notebook:
 a student who has answered everything, so every test runs. For each chapter it times every
 exercise alone and the whole notebook once, and compares the whole check with the chapter's
 time in the last book build (``_build/timings.json`` when there is one).
 
 The results go to ``book/measured/selfcheck.json``, which the set-up page quotes (as MyST
-substitutions, see ``course_lib.grading.book.substitutions``) with the machine and the date.
+substitutions, see ``course_tools.book.build.substitutions``) with the machine and the date.
 Targets (issue 39): one exercise in at most 5 s, a chapter in at most its book time + 10 s.
 """
 
@@ -28,14 +28,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from course_lib.grading import book, config, notebook  # noqa: E402
+from course_tools import config, notebook  # noqa: E402
+from course_tools.book import build as book  # noqa: E402
 
 EXERCISE_TARGET_S = 5.0
 CHAPTER_MARGIN_S = 10.0
 
 
 def timed_check(path: Path, exercise: str | None = None) -> float:
-    cmd = [sys.executable, "-m", "course_lib.grading.check", str(path)]
+    cmd = [sys.executable, "-m", "course_tools.student.check", str(path)]
     cmd += ["--exercise", exercise] if exercise else []
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)

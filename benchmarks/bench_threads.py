@@ -6,7 +6,7 @@ each thread setting, with 0, 1 and 3 CPU burners per core.
 Each (setting, load) runs in a fresh process, since OpenMP reads its settings when torch loads.
 Settings: ``spin`` (OpenMP's default: threads spin a while before they sleep), ``passive``
 (``OMP_WAIT_POLICY=PASSIVE``: they sleep at once), ``one`` (a single thread, nothing to wait for)
-and ``course`` (what ``course_lib.grading.config.kernel_env`` gives a kernel). The work is the
+and ``course`` (what ``course_tools.config.kernel_env`` gives a kernel). The work is the
 training of chapters 03 (a 2-layer character GPT, d_model 128, batches of 16 x 64) and 04 (a
 6-layer GPT, d_model 64, batches of 3 x 64), a few dozen steps each. Prints seconds per workload
 and each setting's slowdown under load against its own idle time and against the fastest idle one.
@@ -59,7 +59,7 @@ print(json.dumps(out))
 
 
 def course_env() -> dict[str, str]:
-    from course_lib.grading import config
+    from course_tools import config
 
     env = config.kernel_env()
     return {k: env[k] for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT") if k in env}

@@ -7,7 +7,7 @@ One module per idea, in chapter order: ``bpe`` and ``patches`` (01); ``attention
 ``rlhf`` (09); shared: ``device``, ``diagrams``, ``pretrained``, ``sweeps``. Notebooks import
 modules, not names (``from course_lib import bpe``), so a reference never shadows a student's
 function.
-The course tooling (release, book, grading, self-check) lives in ``course_lib.grading`` and is
+The course tooling (release, book, grading, self-check) lives in ``course_tools`` and is
 never imported by the algorithm modules.
 """
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.grading import config
+from course_tools import config
 
 ROOT = config.root()
 CHAPTERS = config.chapters()

@@ -5,21 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import nbformat
-import yaml
 
-from course_lib.grading import config, notebook
-from course_lib.grading.mutants import apply as apply_mutant
-from tests.conftest import ROOT
+from course_tools import config, notebook
+from course_tools.catalogues.mutants import apply as apply_mutant
+from course_tools.catalogues.mutants import load_catalogue
 
 
 def mutants(chapter: str) -> list[dict]:
-    """The chapter's catalogue of plausible wrong answers, tests/mutants/<chapter>.yaml."""
-    return yaml.safe_load((ROOT / "tests" / "mutants" / f"{chapter}.yaml").read_text())
+    """The chapter's catalogue of plausible wrong answers (catalogues/mutants/)."""
+    return load_catalogue(chapter, "mutant")
 
 
 def acceptance(chapter: str) -> list[dict]:
-    """The chapter's catalogue of correct answers written differently, tests/acceptance/<chapter>.yaml."""
-    return yaml.safe_load((ROOT / "tests" / "acceptance" / f"{chapter}.yaml").read_text())
+    """The chapter's catalogue of correct answers written differently (catalogues/acceptance/)."""
+    return load_catalogue(chapter, "acceptance")
 
 
 def answered(chapter: str, answer: set[str] | None = None, mutant: dict | None = None):

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import nbformat
 
-from course_lib.grading import collect, config, notebook
+from course_tools import config, notebook
+from course_tools.grading.grader import collect
 from tests.helpers import answered, mutants
 
 CHAPTER = "02_attention"
@@ -75,10 +76,12 @@ def _wrong_everywhere():
 def _escape(ctx: Context) -> str:
     root, venv = config.root(), Path(sys.prefix)
     site = next(venv.glob("lib/python3*/site-packages"), venv)
-    secrets = [config.solution_path(CHAPTER), root / "tests", ctx.grading / "gradebook.db",
+    secrets = [config.solution_path(CHAPTER), root / "tests", root / "course_tools" / "catalogues",
+               root / "course_tools" / "grading" / "grader", ctx.grading / "gradebook.db",
                ctx.grading / "submitted", "/etc/shadow", "/root/.bash_history", "/root/.ssh"]
     targets = [root / f"{ctx.marker}.txt", site / f"{ctx.marker}.pth",
                root / "course_lib" / f"{ctx.marker}.py",
+               root / "course_tools" / "student" / f"{ctx.marker}.py",
                ctx.grading / f"{ctx.marker}.txt", f"/tmp/{ctx.marker}-host.txt"]
     return f"""
 import os, socket, subprocess, pathlib
@@ -123,7 +126,7 @@ except OSError as e:
 MONKEYPATCH = """
 import torch, torch.testing, numpy
 from course_lib import attention, positional
-from course_lib.grading import checks
+from course_tools.student import checks
 torch.testing.assert_close = lambda *a, **k: None
 torch.equal = lambda *a, **k: True
 torch.allclose = lambda *a, **k: True
@@ -349,13 +352,13 @@ import importlib, sys
 _gc = importlib.import_module("g" + "c")
 _frames = getattr(sys, "_get" + "frame")
 try:
-    for _o in _gc.get_referrers(sys.modules["course_lib.grading.checks"]):
+    for _o in _gc.get_referrers(sys.modules["course_tools.student.checks"]):
         pass
     _frames(0)
 except Exception:
     pass
 try:  # code under a library's file name
-    _c = compile("import sys; sys.modules['course_lib.grading.checks'].SAFETY = 1e12",
+    _c = compile("import sys; sys.modules['course_tools.student.checks'].SAFETY = 1e12",
                  "/usr/lib/python3/x.py", "exec")
     exec(_c)
 except Exception:
@@ -368,7 +371,7 @@ except Exception:
 '''
 PATCH_CHECKS = """
 import importlib as _il
-_ch = _il.import_module("course_lib.grading." + "checks")
+_ch = _il.import_module("course_tools." + "checks")
 setattr(_ch, "SAF" + "ETY", 1e12)  # a tolerance factor the tests read
 _real = {n: getattr(_ch, n) for n in ("assert_close", "assert_equal", "_check")}
 def _steal(*a, **k):  # while the tests run: the expected value as the answer's
@@ -381,7 +384,7 @@ for _n in ("assert_close", "assert_equal"):
 THREADS_AND_SIGNALS = """
 import threading as _th, signal as _sg, time as _tm, importlib as _il
 def _patch(*a):
-    _ch = _il.import_module("course_lib.grading.checks")
+    _ch = _il.import_module("course_tools.student.checks")
     for _n in ("assert_close", "assert_equal", "assert_true"):
         setattr(_ch, _n, lambda *a, **k: None)
 try:

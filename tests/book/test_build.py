@@ -5,7 +5,8 @@ import re
 
 import nbformat
 
-from course_lib.grading import book, config
+from course_tools import config
+from course_tools.book import build as book
 from tests.conftest import CHAPTERS, ROOT
 
 
@@ -22,7 +23,7 @@ def test_every_solution_ran_within_its_budget_and_margin_in_cpu_seconds():
 
 
 def test_no_cell_uses_more_than_its_budget_and_margin_nor_a_third_of_the_cell_limit():
-    # A cell's limit counts CPU seconds too (course_lib.grading.work_limit): the slowest cell must
+    # A cell's limit counts CPU seconds too (course_tools.grading.sandboxed.work_limit): the slowest cell must
     # stay far from it, however busy the machine.
     cell_limit = config.BUDGET_MARGIN * config.CELL_BUDGET_S * config.BUDGET_CPUS
     assert cell_limit <= config.cell_timeout() / 2
@@ -42,7 +43,7 @@ def test_a_chapter_over_its_budget_is_a_warning_not_a_failure():
 
 
 def test_every_plot_the_chapters_draw_labels_its_axes():
-    # Checked by course_lib.grading.figures in each chapter's kernel, as every figure is drawn.
+    # Checked by course_tools.book.figures in each chapter's kernel, as every figure is drawn.
     timings = json.loads((ROOT / "_build" / "timings.json").read_text())
     problems = {c: t["figure_problems"] for c, t in timings.items() if t["figure_problems"]}
     assert not problems, f"figures without axis labels: {problems}"
@@ -91,13 +92,13 @@ def test_chapter_pages_open_with_the_title_not_the_install_cell(html_dir):
 
 
 def test_every_number_the_prose_quotes_was_glued_by_this_build_and_is_in_the_release_record():
-    from course_lib.grading import glue
+    from course_tools.book import glue_records
 
     for chapter in CHAPTERS:
-        built = glue.read(glue.build_path(chapter))
-        quoted = glue.used(nbformat.read(str(config.solution_path(chapter)), as_version=4))
+        built = glue_records.read(glue_records.build_path(chapter))
+        quoted = glue_records.used(nbformat.read(str(config.solution_path(chapter)), as_version=4))
         assert set(quoted) <= set(built), f"{chapter}: quoted but not glued: {set(quoted) - set(built)}"
-        recorded = glue.read(glue.record_path(chapter))
+        recorded = glue_records.read(glue_records.record_path(chapter))
         assert set(recorded) == set(built), (
             f"{chapter}: book/measured/{chapter}.json names {sorted(recorded)} but the build glued "
             f"{sorted(built)}: run `make release CHAPTER={chapter}` after `make book`")

@@ -1,4 +1,4 @@
-"""The figure check the book build runs in each chapter's kernel (course_lib.grading.figures)."""
+"""The figure check the book build runs in each chapter's kernel (course_tools.book.figures)."""
 
 import json
 
@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from course_lib.grading.figures import axis_label_problems  # noqa: E402
+from course_tools.book.figures import axis_label_problems  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +70,7 @@ def test_named_categories_label_their_axis():
 def test_the_report_is_read_back_from_any_split_of_the_output():
     import nbformat
 
-    from course_lib.grading import figures
+    from course_tools.book import figures
 
     found = [{"source": "plt.plot([1])", "problem": "axes 0 has no x or y label"}]
     line = figures.MARKER + json.dumps(found) + "\n"

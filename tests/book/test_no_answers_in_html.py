@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from course_lib.grading import config, notebook
+from course_tools import config, notebook
 from tests.conftest import CHAPTERS
 
 MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "HIDDEN TESTS", "MARK SCHEME")

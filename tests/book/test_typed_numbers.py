@@ -20,7 +20,7 @@ import re
 import pytest
 import yaml
 
-from course_lib.grading import config
+from course_tools import config
 from tests.conftest import ROOT
 
 ALLOWED = ROOT / "tests" / "book" / "typed_numbers"

@@ -16,7 +16,9 @@ import sys
 
 import nbformat
 
-from course_lib.grading import book, mutants, notebook
+from course_tools import notebook
+from course_tools.book import build as book
+from course_tools.catalogues import mutants
 from tests.conftest import ROOT
 
 GOOD, BROKEN = "01_tokenization", "02_attention"
@@ -25,7 +27,7 @@ WRONG = "ignores the batch size"  # passes the visible tests, fails a hidden one
 STAGE = """
 import json
 from pathlib import Path
-from course_lib.grading import book
+from course_tools.book import build as book
 timings, failures = book.stage(Path("_build"), ["01_tokenization", "02_attention"])
 print("RESULT" + json.dumps([f.line() for f in failures]))
 """
@@ -88,7 +90,7 @@ def test_a_message_that_quotes_a_hidden_line_is_withheld():
 RESTAGE = """
 import json
 from pathlib import Path
-from course_lib.grading import book
+from course_tools.book import build as book
 timings = json.loads(Path("_build/timings.json").read_text())
 timings, failures = book.stage(Path("_build"), ["01_tokenization"], keep=timings)
 print("RESULT" + json.dumps(sorted(timings)))
@@ -99,7 +101,7 @@ def test_one_chapter_is_rebuilt_into_a_staged_book_and_only_into_one(tmp_path):
     root, _ = _course_copy(tmp_path)
     env = {**os.environ, "COURSE_ROOT": str(root)}
     # no earlier build: refused, with what to do
-    proc = subprocess.run([sys.executable, "-m", "course_lib.grading", "book", "--chapter", "01"],
+    proc = subprocess.run([sys.executable, "-m", "course_tools", "book", "--chapter", "01"],
                           capture_output=True, text=True, cwd=root, env=env)
     assert proc.returncode != 0 and "run make book (every chapter) once" in proc.stderr
     # an earlier build of both chapters (the broken one fails, its page says so), then chapter 01 alone

@@ -11,7 +11,8 @@ import functools
 import pytest
 import torch
 
-from course_lib.grading import config, mistakes, mutants, notebook
+from course_tools import config, notebook
+from course_tools.catalogues import mutants, naming
 from tests.conftest import CHAPTERS
 
 
@@ -79,7 +80,7 @@ def test_every_verdict_is_the_same_in_every_setting(chapter):
 @functools.cache
 def named(chapter: str, visible: bool) -> list[dict]:
     """Every answer of the catalogues graded as submissions are, and named (:mod:`mistakes`)."""
-    return mistakes.measure(chapter, visible=visible, same_run=not visible)
+    return naming.measure(chapter, visible=visible, same_run=not visible)
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -145,7 +146,7 @@ def test_the_self_check_names_each_known_mistake_by_the_shipped_key(chapter):
 def test_the_unseen_mistakes_fail_and_are_spread_over_the_exercises(chapter):
     import yaml
 
-    entries = yaml.safe_load(mistakes.unseen_path(chapter).read_text(encoding="utf-8"))
+    entries = yaml.safe_load(naming.unseen_path(chapter).read_text(encoding="utf-8"))
     whys = {(e["grade_id"], e["why"]) for e in mutants.load_catalogue(chapter, "mutant")}
     assert len(entries) >= 5
     for e in entries:

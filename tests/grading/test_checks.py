@@ -1,4 +1,4 @@
-"""course_lib.grading.checks: the tolerance policy accepts correct float32 answers of any
+"""course_tools.student.checks: the tolerance policy accepts correct float32 answers of any
 formulation and rejects wrong ones, checks types only when asked, and says what went wrong."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib.grading import checks
+from course_tools.student import checks
 
 
 def _softmax_reference(x):

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from nbformat.v4 import new_markdown_cell
 
-from course_lib.grading import config, grade, gradebook, nbgrader_cli, notebook, safe_text
+from course_tools import config, notebook
+from course_tools.grading.grader import grade, gradebook, nbgrader_cli, safe_text
 from tests.conftest import CHAPTERS
 from tests.helpers import answered
 

@@ -14,7 +14,8 @@ import zipfile
 
 import pytest
 
-from course_lib.grading import collect, config
+from course_tools import config
+from course_tools.grading.grader import collect
 from tests.conftest import CHAPTERS, ROOT
 
 CHAPTER = CHAPTERS[0]
@@ -90,7 +91,7 @@ def test_collect_a_zip_files_notebooks_and_reports_the_rest(tmp_path):
         ("orphan.ipynb", nb, None),
     ])
     grading = tmp_path / "grading"
-    proc = subprocess.run([sys.executable, "-m", "course_lib.grading", "collect", CHAPTER, str(export),
+    proc = subprocess.run([sys.executable, "-m", "course_tools", "collect", CHAPTER, str(export),
                            "--grading-dir", str(grading)], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "Collected 2 students." in proc.stdout

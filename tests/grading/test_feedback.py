@@ -25,8 +25,9 @@ from nbconvert import HTMLExporter
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output, new_raw_cell
 from traitlets.config import PyFileConfigLoader
 
-from course_lib.grading import config, feedback, notebook
-from course_lib.grading.feedback import (
+from course_tools import config, notebook
+from course_tools.grading.grader import feedback
+from course_tools.grading.grader.feedback import (
     REDACTED,
     HideTests,
     SanitizeOutputs,

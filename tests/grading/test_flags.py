@@ -5,7 +5,8 @@ from __future__ import annotations
 import nbformat
 import pytest
 
-from course_lib.grading import config, flags, notebook
+from course_tools import config, notebook
+from course_tools.grading.grader import flags
 from tests.conftest import CHAPTERS
 from tests.helpers import answered
 
@@ -49,7 +50,7 @@ PATTERNS = {
     "import builtins\nbuiltins.len = None": "assigns builtins.len",
     "torch.Tensor.__eq__ = None": "assigns torch.Tensor.__eq__",
     "import torch.testing as tt\ntt.assert_close = None": "assigns tt.assert_close",
-    "from course_lib.grading import checks\nchecks.assert_close = None": "assigns checks.assert_close",
+    "from course_tools.student import checks\nchecks.assert_close = None": "assigns checks.assert_close",
     "setattr(torch, 'equal', None)": "setattr on torch",
     "del torch.equal": "deletes torch.equal",
     "vars(attention)['causal_mask'] = None": "assigns",
@@ -80,7 +81,7 @@ def test_plain_answers_and_other_exercises_references_are_not_flagged():
 ])
 def test_what_reading_cannot_decide_is_not_flagged(honest):
     """A local named like a course_lib module, an import alone, or a call the graded run observes by
-    identity (course_lib.grading.guard) is no flag of the reading."""
+    identity (course_tools.grading.sandboxed.guard) is no flag of the reading."""
     assert flags.flags(_notebook(honest)) == []
 
 

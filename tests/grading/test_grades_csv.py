@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.grading import collect, config, failures, grade, gradebook, nbgrader_cli, safe_text
+from course_tools import config
+from course_tools.grading.grader import collect, failures, grade, gradebook, nbgrader_cli, safe_text
 from tests.conftest import CHAPTERS, ROOT
 
 CHAPTER = CHAPTERS[0]

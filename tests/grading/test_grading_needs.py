@@ -9,7 +9,9 @@ import time
 
 import nbformat
 
-from course_lib.grading import grade, mistakes, notebook, sandbox, verdicts, worker
+from course_tools import notebook
+from course_tools.grading.grader import grade, mistakes, sandbox, verdicts
+from course_tools.grading.sandboxed import worker
 from tests.helpers import answered, mutants, write
 
 CHAPTER = "03_transformer"

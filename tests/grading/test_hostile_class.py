@@ -28,7 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.grading import config, notebook, sandbox
+from course_tools import config, notebook
+from course_tools.grading.grader import sandbox
 from tests import hostile_class
 from tests.conftest import ROOT, skip_or_fail
 
@@ -176,7 +177,7 @@ def test_nothing_outside_the_grading_folder_changed(graded):
 def test_no_process_outlives_grading(graded):
     ctx, _, _, _, _, _, _, _ = graded
     assert _processes_with(ctx.marker) == []
-    assert _processes_with("course_lib.grading.worker") == []
+    assert _processes_with("course_tools.grading.sandboxed.worker") == []
 
 
 def test_feedback_holds_no_hidden_test_and_no_student_script(graded):
@@ -243,7 +244,7 @@ def graded_unprivileged():
     try:
         home = {"HOME": str(base)}
         probe = subprocess.run([*AS_ORDINARY_USER, sys.executable, "-c", "import os; from "
-                                "course_lib.grading import sandbox; print(os.getuid(), "
+                                "course_tools import sandbox; print(os.getuid(), "
                                 "sandbox.unavailable() or 'ok')"],
                                cwd=ROOT, capture_output=True, text=True, env={**os.environ, **home})
         if probe.stdout.split() != ["65534", "ok"]:
@@ -274,4 +275,4 @@ def test_unprivileged_grading_gives_the_same_points_and_contains_every_attack(gr
     assert "processes" in bomb or "Resource temporarily unavailable" in bomb, bomb[-2000:]
     assert _changed(before, after) == []
     assert _processes_with(ctx.marker) == []
-    assert _processes_with("course_lib.grading.worker") == []
+    assert _processes_with("course_tools.grading.sandboxed.worker") == []

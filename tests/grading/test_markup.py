@@ -1,5 +1,5 @@
 """Released notebooks carry plain Markdown: MyST roles and directives, which JupyterLab and Colab
-show as raw text, are rewritten by course_lib.grading.markup (the book keeps its MyST)."""
+show as raw text, are rewritten by course_tools.book.markup (the book keeps its MyST)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from course_lib.grading import config, markup, notebook
+from course_tools import config, notebook
+from course_tools.book import markup
 from tests.conftest import CHAPTERS
 
 MYST = re.compile(r"\{(cite:p|cite:t|term|numref|doc|ref|eq|glue:text)\}`|^[`:]{3,}\{", re.M)

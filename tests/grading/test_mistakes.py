@@ -1,4 +1,4 @@
-"""Naming a failing answer by the known mistakes (course_lib.grading.mistakes), on hand-made keys
+"""Naming a failing answer by the known mistakes (course_tools.grading.grader.mistakes), on hand-made keys
 and records: the same wrong values name a mistake, anything the key can tell apart does not, and
 a correct answer is never named. The catalogues themselves are measured in test_catalogues.py."""
 
@@ -9,7 +9,9 @@ import json
 import pytest
 import torch
 
-from course_lib.grading import checks, mistakes, verdicts, wire
+from course_tools.grading.grader import mistakes, verdicts
+from course_tools.grading.sandboxed import graded_run, wire
+from course_tools.student import checks
 
 X = torch.linspace(-1, 1, 12).reshape(3, 4)  # the inputs of the hand-made exercise
 RIGHT = X.softmax(-1)
@@ -18,7 +20,7 @@ RIGHT = X.softmax(-1)
 def _session(recording: bool, answer, error: str | None = None) -> dict:
     """The record (or, ``recording=False``, the key) of a two-check exercise on ``answer``'s output:
     its shape, then its values against the softmax over the last axis."""
-    session = checks._session = verdicts.Session(recording=recording)
+    session = checks._session = graded_run.Session(recording=recording)
     try:
         if answer is not None:
             checks.assert_equal(tuple(answer.shape), (3, 4) if not recording else None, "the shape")
@@ -155,7 +157,7 @@ def test_where_the_exercise_states_the_type_another_type_is_another_mistake():
     mask = torch.ones(3, 3).tril()  # 0/1 floats where bools are asked for
 
     def record(value, recording=True):
-        session = checks._session = verdicts.Session(recording=recording)
+        session = checks._session = graded_run.Session(recording=recording)
         try:
             checks.assert_equal(value, None if recording else mask.bool(), "the mask", dtype=torch.bool)
         finally:

@@ -18,8 +18,10 @@ import sys
 
 import pytest
 
-from course_lib.grading import config, grade, mistakes, notebook, worker
-from course_lib.grading import mutants as mutant_grader
+from course_tools import config, notebook
+from course_tools.catalogues import mutants as mutant_grader
+from course_tools.grading.grader import grade, mistakes
+from course_tools.grading.sandboxed import worker
 from tests.conftest import CHAPTERS, ROOT
 from tests.helpers import acceptance, answered, mutants, write
 

@@ -14,8 +14,8 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell
 from nbgrader.nbgraderformat import MetadataValidator
 
-from course_lib.grading import config, notebook
-from course_lib.grading.repair import repair
+from course_tools import config, notebook
+from course_tools.grading.grader.repair import repair
 from tests.helpers import answered
 
 CHAPTER = "02_attention"

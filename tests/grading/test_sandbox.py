@@ -12,7 +12,9 @@ import time
 import nbformat
 import pytest
 
-from course_lib.grading import config, mistakes, notebook, sandbox, watchdog, worker
+from course_tools import config, notebook
+from course_tools.grading.grader import mistakes, sandbox, watchdog
+from course_tools.grading.sandboxed import worker
 from tests.conftest import CHAPTERS, ROOT, skip_or_fail
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.grading import config, grade, sandbox
+from course_tools import config
+from course_tools.grading.grader import grade, sandbox
 from tests.conftest import CHAPTERS, ROOT
 from tests.helpers import answered, mutants, write
 
@@ -38,7 +39,7 @@ def _cli(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
     scripts = str(Path(sys.executable).parent)  # nbgrader runs `alembic` by name
     env = dict(os.environ, PATH=os.pathsep.join([scripts, os.environ.get("PATH", "")]))
     extra = ["--unsandboxed"] if args[0] == "grade" and sandbox.unavailable() else []
-    proc = subprocess.run([sys.executable, "-m", "course_lib.grading", *args, *extra], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "course_tools", *args, *extra], cwd=ROOT,
                           capture_output=True, text=True, env=env)
     assert (proc.returncode == 0) == ok, proc.stdout + proc.stderr
     return proc

@@ -18,9 +18,10 @@ import random
 
 import pytest
 
-from course_lib.grading import config, notebook, similarity
-from course_lib.grading.__main__ import main
-from course_lib.grading.mutants import apply
+from course_tools import config, notebook
+from course_tools.__main__ import main
+from course_tools.catalogues.mutants import apply
+from course_tools.grading.grader import similarity
 from tests.helpers import acceptance, write
 
 CHAPTERS = config.chapters()

@@ -10,10 +10,10 @@ import json
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import start_new_kernel
 
-from course_lib.grading import config, notebook
+from course_tools import config, notebook
 from tests.conftest import CHAPTERS, ROOT
 
-STUDENT_LAB = ROOT / "course_lib" / "grading" / "student_lab"
+STUDENT_LAB = ROOT / "course_tools" / "student" / "lab"
 
 
 def test_the_students_kernel_reports_the_released_metadata(monkeypatch):

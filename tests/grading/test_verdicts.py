@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.grading import checks, verdicts, wire
+from course_tools.grading.grader import unwire, verdicts
+from course_tools.grading.sandboxed import graded_run, wire
+from course_tools.student import checks, judges
 
 # --- wire ----------------------------------------------------------------------------------------
 
@@ -21,7 +23,7 @@ from course_lib.grading import checks, verdicts, wire
     torch.Size([2, 3]), torch.float32, np.float32(1.25), np.arange(6, dtype=np.int32).reshape(2, 3),
 ])
 def test_plain_values_come_back_as_they_were(value):
-    back = wire.decode(json.loads(json.dumps(wire.encode(value))))
+    back = unwire.decode(json.loads(json.dumps(wire.encode(value))))
     assert type(back) is type(value)
     if isinstance(value, np.ndarray):
         assert np.array_equal(back, value) and back.dtype == value.dtype
@@ -33,10 +35,10 @@ def test_plain_values_come_back_as_they_were(value):
 def test_tensors_keep_values_dtype_shape_and_requires_grad_whatever_their_strides(dtype):
     base = torch.randn(4, 6, generator=checks.rng(0)).to(dtype)
     for t in (base, base.T, base[:, 1], base[1:2, 3], base[0, 0], base[:0]):
-        back = wire.decode(wire.encode(t))
+        back = unwire.decode(wire.encode(t))
         assert type(back) is torch.Tensor and back.dtype == t.dtype and back.shape == t.shape
         assert torch.equal(back, t)
-    grad = wire.decode(wire.encode(torch.ones(2, requires_grad=True)))
+    grad = unwire.decode(wire.encode(torch.ones(2, requires_grad=True)))
     assert grad.requires_grad and grad.is_leaf
 
 
@@ -48,18 +50,18 @@ def test_a_tensor_subclass_comes_back_as_a_plain_tensor_and_compares_honestly():
                 super().__torch_function__(func, types, args, kwargs or {})
 
     forged = torch.zeros(3).as_subclass(Agreeable)
-    back = wire.decode(wire.encode(forged))
+    back = unwire.decode(wire.encode(forged))
     assert type(back) is torch.Tensor
     with pytest.raises(AssertionError, match="expected 1"):
-        checks._judge_close(back, torch.ones(3), "x")
+        judges._judge_close(back, torch.ones(3), "x")
 
 
 def test_what_cannot_travel_is_named_and_fails_its_check():
     for value in (torch.nn.Linear(2, 2), lambda: 1, (i for i in range(3))):
-        back = wire.decode(wire.encode(value))
+        back = unwire.decode(wire.encode(value))
         assert isinstance(back, wire.Unencodable)
         with pytest.raises(AssertionError):
-            checks._judge_close(back, torch.zeros(2), "x")
+            judges._judge_close(back, torch.zeros(2), "x")
 
 
 @pytest.mark.parametrize("data", [
@@ -72,16 +74,16 @@ def test_what_cannot_travel_is_named_and_fails_its_check():
     {"ndarray": "object", "shape": [], "scalar": True, "data": ""},
 ])
 def test_anything_malformed_is_refused(data):
-    with pytest.raises(wire.WireError):
-        wire.decode(data)
+    with pytest.raises(unwire.WireError):
+        unwire.decode(data)
 
 
 def test_deep_nesting_is_refused():
     deep = []
     for _ in range(100):
         deep = [deep]
-    with pytest.raises(wire.WireError):
-        wire.decode(deep)
+    with pytest.raises(unwire.WireError):
+        unwire.decode(deep)
 
 # --- the two sides of a test cell ----------------------------------------------------------------
 
@@ -118,8 +120,8 @@ def _key_and_record(answer: str, tests: str) -> tuple[list, dict]:
     """Key from a reference answer ``f = abs``-style, record of ``answer``, both in this process."""
     results = {}
     for side, code in (("key", "def f(x):\n    return x.abs()\n"), ("record", answer)):
-        session = checks._session = verdicts.Session(recording=side == "record")
-        ns = {"torch": torch, "checks": checks, verdicts.CHECKS_NAME: checks}
+        session = checks._session = graded_run.Session(recording=side == "record")
+        ns = {"torch": torch, "checks": checks, graded_run.CHECKS_NAME: checks}
         error = None
         try:
             exec(code, ns)
@@ -178,7 +180,7 @@ def test_a_failed_observation_is_reported_in_the_graded_runs_words():
 # --- graded runs: a fresh process per exercise, an audit hook ------------------------------------
 
 HONEST = "def f(x):\n    return x.abs()\n"
-SETUP = ["import torch\nfrom course_lib.grading import checks"]
+SETUP = ["import torch\nfrom course_tools.student import checks"]
 
 
 def _graded_all(answers: dict[str, str], tests: str = TESTS) -> dict[str, tuple[str | None, list[str]]]:
@@ -225,7 +227,7 @@ ANSWERS_IN_A_THREAD = ("import concurrent.futures\ndef f(x):\n"
                        "    with concurrent.futures.ThreadPoolExecutor(1) as pool:\n"
                        "        return pool.submit(torch.abs, x).result()\n")
 HIDDEN = base64.b64encode(b"import sys\nframe = sys._getframe(0)").decode()
-STEAL = ("import course_lib.grading.checks as c\nreal = c.assert_close\n"
+STEAL = ("import course_tools.student.checks as c\nreal = c.assert_close\n"
          "c.assert_close = lambda a, e, *r, **k: real(e, e, *r, **k)\ndef f(x):\n    return x\n")
 OTHERS = {
     "copies the expected value": STEAL,
@@ -255,7 +257,7 @@ OTHERS = {
 
 
 PATCHED_LIBRARY = ("import torch.nn.functional as F, importlib\n"
-                   "setattr(importlib.import_module('course_lib.grading.' + 'checks'), "
+                   "setattr(importlib.import_module('course_tools.student.' + 'checks'), "
                    "'assert_close', print)\n"
                    "F.softmax = None\ndel torch.abs\n" + HONEST)
 
@@ -342,7 +344,7 @@ def f(x):
 def test_no_answer_reaches_the_sandboxed_runner_its_output_or_its_memory():
     """The runner is the sandbox's init and non-dumpable: an answer that writes forged results into
     its output, reads its memory or signals it changes nothing; the next exercise is still run."""
-    from course_lib.grading import sandbox
+    from course_tools.grading.grader import sandbox
     from tests.conftest import skip_or_fail
 
     if sandbox.unavailable():
@@ -353,7 +355,7 @@ def test_no_answer_reaches_the_sandboxed_runner_its_output_or_its_memory():
                           "tests": verdicts.answer_side(TESTS)}
                          for name, answer in (("one", CHANNEL_ATTACK), ("two", HONEST))]}
     out, failure, _ = sandbox._confined(
-        [sys.executable, "-I", "-m", "course_lib.grading.verdicts", "run", "120"],
+        [sys.executable, "-I", "-m", "course_tools.grading.sandboxed.graded_run", "run", "120"],
         json.dumps(req), sandbox.Limits(), sandboxed=True, cwd=None, as_init=True)
     assert failure is None, failure
     results = json.loads(out)  # one document: the runner's own
@@ -362,7 +364,7 @@ def test_no_answer_reaches_the_sandboxed_runner_its_output_or_its_memory():
 
 
 def test_what_comes_out_of_a_sandbox_is_read_up_to_a_cap():
-    from course_lib.grading import sandbox
+    from course_tools.grading.grader import sandbox
 
     limits = sandbox.Limits(output_bytes=2**20)
     out, failure, _ = sandbox._confined([sys.executable, "-c", "import sys; sys.stdout.write('x' * 2**24)"],
@@ -424,6 +426,6 @@ def test_the_tests_run_with_the_libraries_as_released_whatever_the_answers_cell_
     problem, events = attacked["patched library"]
     assert problem is None, problem  # checks.assert_close and torch.abs are back for the tests
     assert sorted(events) == [
-        "changed course_lib.grading.checks.assert_close (put back for the tests) in <answer>",
+        "changed course_tools.student.checks.assert_close (put back for the tests) in <answer>",
         "changed torch.abs (put back for the tests) in <answer>",
         "changed torch.nn.functional.softmax (put back for the tests) in <answer>"], events

@@ -9,7 +9,9 @@ import time
 
 import nbformat
 
-from course_lib.grading import book, check, work_limit
+from course_tools.book import build as book
+from course_tools.grading.sandboxed import work_limit
+from course_tools.student import check
 
 BUSY = "import time\nend = time.time() + {s}\nwhile time.time() < end:\n    pass"
 

@@ -17,7 +17,7 @@ import venv
 
 import pytest
 
-from course_lib.grading import config, notebook
+from course_tools import config, notebook
 from tests.conftest import CHAPTERS, ROOT
 
 

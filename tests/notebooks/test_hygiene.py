@@ -14,7 +14,9 @@ import nbformat
 import pytest
 
 import course_lib
-from course_lib.grading import config, mistakes, notebook, release
+from course_tools import config, notebook
+from course_tools.book import release
+from course_tools.grading.grader import mistakes
 from tests.conftest import CHAPTERS, ROOT
 
 ALL_NOTEBOOKS = [config.solution_path(c) for c in CHAPTERS] + [config.student_path(c) for c in CHAPTERS]
@@ -70,7 +72,7 @@ def test_committed_student_notebook_equals_a_fresh_release(chapter, tmp_path):
 def test_the_shipped_mistake_key_was_made_from_this_release(chapter):
     shipped = mistakes.load_visible(chapter)
     assert shipped.get("sources") == mistakes.sources(chapter), (
-        f"course_lib/grading/known_mistakes/{chapter}.json was made from another catalogue or notebook: "
+        f"course_tools/student/known_mistakes/{chapter}.json was made from another catalogue or notebook: "
         "run `make release`")
     assert set(shipped["exercises"]) == {ex.name for ex in notebook.exercises(notebook.read(
         config.student_path(chapter)))}
@@ -227,7 +229,7 @@ def _course_lib_names() -> frozenset[str]:
     """Every function and class that a course_lib algorithm module defines (tooling excluded)."""
     names = set()
     for info in pkgutil.walk_packages(course_lib.__path__, "course_lib."):
-        if info.name.startswith("course_lib.grading") or info.name.endswith("__main__"):
+        if info.name.startswith("course_tools") or info.name.endswith("__main__"):
             continue
         module = importlib.import_module(info.name)
         names |= {name for name, obj in vars(module).items()

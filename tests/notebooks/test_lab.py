@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.grading import config, notebook
+from course_tools import config, notebook
 from tests.conftest import CHAPTERS, ROOT, skip_or_fail
 
 TOKEN = "course-test"

@@ -15,7 +15,7 @@ import pytest
 import torch
 from nbclient import NotebookClient
 
-from course_lib.grading import config, notebook
+from course_tools import config, notebook
 from tests.conftest import CHAPTERS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,

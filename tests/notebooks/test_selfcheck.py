@@ -10,7 +10,9 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from course_lib.grading import check, config, mistakes, notebook
+from course_tools import config, notebook
+from course_tools.grading.grader import mistakes
+from course_tools.student import check
 from tests.conftest import CHAPTERS, ROOT
 from tests.helpers import answered, mutants, write
 
@@ -64,7 +66,7 @@ def test_the_chapter_s_unchanged_demonstrations_are_skipped_and_changed_or_added
 def test_cli_names_each_exercise_and_exits_nonzero_on_failure(tmp_path):
     chapter = CHAPTERS[0]
     proc = subprocess.run(
-        [sys.executable, "-m", "course_lib.grading.check", str(config.student_path(chapter))],
+        [sys.executable, "-m", "course_tools.student.check", str(config.student_path(chapter))],
         capture_output=True, text=True, cwd=ROOT,
     )
     assert proc.returncode == 1
@@ -74,14 +76,14 @@ def test_cli_names_each_exercise_and_exits_nonzero_on_failure(tmp_path):
     written = set(notebook.written_questions(nb))
     assert written  # chapter 01 has one: unanswered, the exit code is still 1
     path = write(nb, tmp_path / chapter / f"{chapter}.ipynb")
-    proc = subprocess.run([sys.executable, "-m", "course_lib.grading.check", str(path)],
+    proc = subprocess.run([sys.executable, "-m", "course_tools.student.check", str(path)],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1 and "written questions still TODO" in proc.stdout, proc.stdout + proc.stderr
     for cell in nb.cells:
         if notebook.nbgrader_meta(cell).get("grade_id") in written:
             cell.source = "Bytes: every text is a sequence of the 256 byte values."
     path = write(nb, tmp_path / chapter / f"{chapter}.ipynb")
-    proc = subprocess.run([sys.executable, "-m", "course_lib.grading.check", str(path)],
+    proc = subprocess.run([sys.executable, "-m", "course_tools.student.check", str(path)],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "PASS" in proc.stdout and "ANSWERED" in proc.stdout
@@ -232,7 +234,7 @@ def test_written_questions_are_todo_until_answered_and_count_in_the_exit_code(tm
     path = _notebook(tmp_path / "nb.ipynb", DOUBLE,
                      written=answer)
     assert [(r.exercise, r.status) for r in check.written(path)] == [("ex_why", status)]
-    proc = subprocess.run([sys.executable, "-m", "course_lib.grading.check", str(path)],
+    proc = subprocess.run([sys.executable, "-m", "course_tools.student.check", str(path)],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == code, proc.stdout + proc.stderr
     last = proc.stdout.strip().splitlines()[-1]
@@ -242,12 +244,12 @@ def test_written_questions_are_todo_until_answered_and_count_in_the_exit_code(tm
 
 
 def test_the_cli_explains_itself_without_a_notebook_and_checks_a_folder(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "course_lib.grading.check"], capture_output=True, text=True,
-                          cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "course_tools.student.check"], capture_output=True,
+                          text=True, cwd=ROOT)
     assert proc.returncode == 2 and "make check NB=" in proc.stdout and "--exercise" in proc.stdout
     for name in ("a", "b"):
         _notebook(tmp_path / name / f"{name}.ipynb", DOUBLE)
-    proc = subprocess.run([sys.executable, "-m", "course_lib.grading.check", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "course_tools.student.check", str(tmp_path)],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("Self-check: 1 of 1 exercises pass") == 2

@@ -25,7 +25,8 @@ import sys
 import nbformat
 import pytest
 
-from course_lib.grading import book, config, notebook
+from course_tools import config, notebook
+from course_tools.book import build as book
 from tests.conftest import ROOT
 from tests.helpers import answered, mutants, write
 

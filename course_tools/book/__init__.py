@@ -1,0 +1,3 @@
+"""The maintainers' build: run the solution notebooks, record what the text quotes, build the
+HTML book, release the student notebooks. Runs no student code.
+"""
