@@ -157,7 +157,6 @@ def request(nb, answers: dict[str, str] | None = None, recording: bool = True) -
             "setup": [nb.cells[i].source for i in notebook.setup_cells(nb)[1:]], "exercises": exercises}
 
 
-
 def params_from_data(data: dict) -> dict:
     """A key's check parameters (``tolerance``, ``types``...) back from their recorded form."""
     from course_tools.grading.grader import unwire
@@ -172,11 +171,11 @@ def params_from_data(data: dict) -> dict:
     return out
 
 
-
 # --- the key and the judge ------------------------------------------------------------------------
 
 def run_elsewhere(req: dict, timeout: float, cwd: str | None = None) -> dict:
-    """:func:`.graded_run.run` in a runner process of its own, not sandboxed (the answer key, the self-test).
+    """:func:`.graded_run.run` in a runner process of its own, not sandboxed (the answer key, the
+    self-test).
 
     Its caches go to a folder of its own, removed after: importing torch._dynamo (a dispatch mode
     does) makes ``/tmp/torchinductor_<user>``, and grading leaves nothing behind in a shared /tmp."""

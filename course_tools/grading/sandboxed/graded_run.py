@@ -105,7 +105,6 @@ def _type_name(cls: type) -> str:
     raise TypeError(f"a check asks for type {cls!r}, which a key cannot hold")
 
 
-
 def run(req: dict, deadline_s: float | None = None) -> dict:
     """Each exercise of ``req`` in a fresh child process (all in one child with ``req["batch"]``, for
     the graders' self-test); returns ``{name: result}`` where a result has ``checks`` (the session's
@@ -384,7 +383,6 @@ def _describe(e: BaseException, answer_file: str) -> str:
     text = f"{type(e).__name__}: {e}"[:600]
     lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == answer_file]
     return text + (f" (raised at line {lines[-1]} of the answer)" if lines else "")
-
 
 
 def main(argv: list[str] | None = None) -> int:
