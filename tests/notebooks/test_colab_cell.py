@@ -64,6 +64,12 @@ def test_install_cell_installs_course_lib_and_keeps_torch(colab, tmp_path):
     after = _run(python, "import torch, course_lib; print(torch.__version__)")
     assert after.returncode == 0, after.stderr
     assert after.stdout == before, "the install cell replaced torch"
+    # what a notebook needs at run time is installed; the instructors' grading and book build are not
+    runtime = _run(python, "import course_tools, course_tools.student.checks, course_tools.student.glue; "
+                           "print(course_tools.__file__)")
+    assert runtime.returncode == 0 and str(ROOT) not in runtime.stdout, runtime.stdout + runtime.stderr
+    for tooling in ("course_tools.grading", "course_tools.book", "course_tools.catalogues"):
+        assert _run(python, f"import {tooling}").returncode != 0, f"{tooling} was installed"
     # Installed now: a second run does nothing (a bogus source would make pip fail).
     install = notebook.read(config.student_path(CHAPTERS[0])).cells[0].source
     again = _run(python, install, COURSE_LIB_SOURCE=str(tmp_path / "does-not-exist"))
