@@ -244,7 +244,7 @@ def graded_unprivileged():
     try:
         home = {"HOME": str(base)}
         probe = subprocess.run([*AS_ORDINARY_USER, sys.executable, "-c", "import os; from "
-                                "course_tools import sandbox; print(os.getuid(), "
+                                "course_tools.grading.grader import sandbox; print(os.getuid(), "
                                 "sandbox.unavailable() or 'ok')"],
                                cwd=ROOT, capture_output=True, text=True, env={**os.environ, **home})
         if probe.stdout.split() != ["65534", "ok"]:

@@ -226,10 +226,10 @@ def test_figures_have_captions(chapter):
 
 @functools.cache
 def _course_lib_names() -> frozenset[str]:
-    """Every function and class that a course_lib algorithm module defines (tooling excluded)."""
+    """Every function and class that a course_lib module defines."""
     names = set()
     for info in pkgutil.walk_packages(course_lib.__path__, "course_lib."):
-        if info.name.startswith("course_tools") or info.name.endswith("__main__"):
+        if info.name.endswith("__main__"):
             continue
         module = importlib.import_module(info.name)
         names |= {name for name, obj in vars(module).items()
