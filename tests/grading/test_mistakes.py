@@ -113,6 +113,15 @@ def test_a_run_stopped_by_a_limit_is_never_named():
     assert _name(_known((None, stopped)), None, stopped) is None
 
 
+def test_a_run_the_guard_reported_is_never_named_nor_kept():
+    known = _known(X.softmax(0))
+    flagged = _session(True, X.softmax(0)) | {"events": ["signal.signal in <answer>"]}
+    assert mistakes.name(KEY, known, _session(True, X.softmax(0))) is not None
+    assert mistakes.name(KEY, known, flagged) is None  # the same values, from a run with a trick
+    entries = [{"grade_id": "ex_a", "why": "flagged", "hint": "h"}]
+    assert mistakes._known({"ex_a": KEY}, entries, [flagged])["ex_a"] == []
+
+
 def test_an_answers_record_cannot_claim_that_a_check_passed():
     known = _known(X.softmax(-1) * 2)
     forged = _session(True, X.softmax(-1) * 5)

@@ -92,7 +92,7 @@ def _known(answer_key: dict, entries: list[dict], records: list[dict]) -> dict:
     out: dict[str, list[dict]] = {name: [] for name in answer_key}
     for entry, record in zip(entries, records, strict=True):
         name = entry["grade_id"]
-        if not record.get("checks"):
+        if not record.get("checks") or record.get("events"):  # nothing to tell it by, or not named
             continue
         if name in answer_key and verdicts.judge(answer_key[name], record) is not None:
             out[name].append({"why": entry["why"], "hint": entry.get("hint") or "",
@@ -216,7 +216,13 @@ SAMPLE = 64  # values kept of a larger tensor: where two wrong answers differ, t
 def name(key_checks: list[dict], known: list[dict], result) -> dict | None:
     """The known mistake (``{why, hint, record}``) whose record the failing ``result`` matches on
     every check of ``key_checks`` (the exercise's answer key), the closest where several do (the
-    most wrong values equal to the last bit, then the catalogue's order); None if none does."""
+    most wrong values equal to the last bit, then the catalogue's order); None if none does.
+
+    A run the guard reported (``events``: introspection refused, a signal handler, threads...) is
+    never named: what it recorded may be the trick's doing, different from one run to the next,
+    and a person reads its flags anyway."""
+    if isinstance(result, dict) and result.get("events"):
+        return None
     try:  # the record came from a graded run: whatever it holds, naming fails quietly
         answer = _view(key_checks, result, known=False)
         best, best_score = None, -1
