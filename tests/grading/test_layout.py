@@ -16,7 +16,7 @@ from pathlib import Path
 import course_tools
 from course_tools.grading.grader import sandbox
 from tests.conftest import ROOT
-from tests.lib.test_imports import _imported_names, find_cycle, import_graph, source_modules
+from tests.lib.test_imports import _closure, _imported_names, find_cycle, import_graph, source_modules
 
 TOOLS = Path(course_tools.__file__).parent
 MAX_LINES = 520  # "about 500"
@@ -33,16 +33,6 @@ def imports(root: Path, package: str) -> dict[str, set[str]]:
             for module, (path, is_package) in modules.items()}
 
 
-def reached(graph: dict[str, set[str]], starts) -> set[str]:
-    seen, todo = set(), list(starts)
-    while todo:
-        node = todo.pop()
-        if node not in seen:
-            seen.add(node)
-            todo.extend(graph.get(node, ()))
-    return seen
-
-
 def test_the_reference_library_imports_none_of_the_tooling():
     found = {m: sorted(n for n in names if n.split(".")[0] == "course_tools")
              for m, names in imports(ROOT / "course_lib", "course_lib").items()}
@@ -52,7 +42,7 @@ def test_the_reference_library_imports_none_of_the_tooling():
 def test_what_runs_in_the_sandbox_needs_only_what_the_sandbox_can_read():
     graph = import_graph(TOOLS, "course_tools")
     modules = source_modules(TOOLS, "course_tools")
-    needed = reached(graph, SANDBOX_ENTRIES)
+    needed = set().union(*(_closure(graph, m) for m in SANDBOX_ENTRIES))
     readable = [Path(p).resolve() for p in sandbox.SANDBOXED_CODE]
     unreadable = sorted(m for m in needed
                         if not any(modules[m][0].resolve().is_relative_to(r) for r in readable))
